@@ -1,0 +1,138 @@
+"""llama.cpp through llama-cpp-python: the LLM backend for GGUF bundles.
+
+Imported only when a GGUF model is loaded. The ``Llama`` object owns the native
+model, context and batch (closed through its ExitStack); this class owns the
+``Llama`` and a sampler per generation, and exposes the primitives the engine
+needs. The engine (runtime/llm.py) decides what is in the KV cache; here we only
+keep llama-cpp-python's own token bookkeeping (``n_tokens``) in step with it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from runtime.backends.base import LLMBackend
+from runtime.errors import BackendError, missing
+from runtime.plan import MemoryPlan
+from runtime.sampling import SamplingParams
+
+try:
+    import llama_cpp
+    from llama_cpp import Llama
+except ImportError as exc:  # pragma: no cover - exercised via sys.modules patching in tests
+    raise missing("llama_cpp", "llm") from exc
+
+log = logging.getLogger(__name__)
+REPEAT_LAST_N = 64  # tokens the repeat penalty looks back over
+
+
+def gpu_offload_supported() -> bool:
+    return bool(llama_cpp.llama_supports_gpu_offload())
+
+
+class LlamaCppBackend(LLMBackend):
+    name = "llamacpp"
+
+    def __init__(self, path: Path, plan: MemoryPlan, *, threads: int, gpu_layers: int = 0) -> None:
+        try:
+            self._llm = Llama(
+                str(path),
+                n_ctx=plan.n_ctx,
+                n_batch=plan.n_batch,
+                n_ubatch=plan.n_ubatch,
+                n_threads=threads,
+                n_threads_batch=threads,
+                n_gpu_layers=gpu_layers,
+                use_mmap=True,
+                flash_attn=True,  # required for a quantized V cache; smaller compute buffers
+                swa_full=False,  # sliding-window layers keep window + ubatch cells (see runtime/plan.py)
+                type_k=plan.kv_type.ggml_type,
+                type_v=plan.kv_type.ggml_type,
+                last_n_tokens_size=REPEAT_LAST_N,
+                verbose=False,
+            )
+        except (ValueError, RuntimeError) as exc:
+            raise BackendError(f"llama.cpp could not load {path}: {exc}") from None
+        self._ctx = self._llm._ctx
+        self._vocab = self._llm._model.vocab
+        self._mem = llama_cpp.llama_get_memory(self._ctx.ctx)
+        self.n_ctx = self._llm.n_ctx()
+        self.n_layers_offloaded = gpu_layers
+        self._piece = ctypes.create_string_buffer(256)
+
+    def close(self) -> None:
+        llm, self._llm = getattr(self, "_llm", None), None
+        if llm is not None:
+            llm.close()
+
+    # -- text ------------------------------------------------------------------
+    def tokenize(self, text: str, *, add_bos: bool, special: bool) -> list[int]:
+        return self._llm.tokenize(text.encode("utf-8"), add_bos=add_bos, special=special)
+
+    def token_bytes(self, token: int) -> bytes:
+        n = llama_cpp.llama_token_to_piece(self._vocab, token, self._piece, len(self._piece), 0, False)
+        return self._piece.raw[:n] if n > 0 else b""
+
+    def is_eog(self, token: int) -> bool:
+        return bool(llama_cpp.llama_vocab_is_eog(self._vocab, token))
+
+    # -- KV cache ----------------------------------------------------------------
+    def decode(self, tokens: Sequence[int], start: int) -> None:
+        self._llm.n_tokens = start  # Llama.eval removes cells >= n_tokens, then decodes in n_batch chunks
+        try:
+            self._llm.eval(list(tokens))
+        except RuntimeError as exc:
+            raise BackendError(f"llama.cpp decode failed at position {start}: {exc}") from None
+
+    def remove(self, start: int, end: int = -1) -> bool:
+        ok = bool(llama_cpp.llama_memory_seq_rm(self._mem, 0, start, end))
+        if ok and end < 0:
+            self._llm.n_tokens = min(self._llm.n_tokens, start)
+        return ok
+
+    def shift(self, start: int, end: int, delta: int) -> None:
+        llama_cpp.llama_memory_seq_add(self._mem, 0, start, end, delta)
+
+    def can_shift(self) -> bool:
+        return bool(llama_cpp.llama_memory_can_shift(self._mem))
+
+    def clear(self) -> None:
+        llama_cpp.llama_memory_clear(self._mem, True)
+        self._llm.n_tokens = 0
+
+    def save_state(self) -> bytes:
+        size = llama_cpp.llama_state_seq_get_size(self._ctx.ctx, 0)
+        buf = (ctypes.c_uint8 * size)()
+        n = llama_cpp.llama_state_seq_get_data(self._ctx.ctx, buf, size, 0)
+        return bytes(buf[:n])
+
+    def load_state(self, data: bytes) -> bool:
+        buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
+        self.clear()
+        return llama_cpp.llama_state_seq_set_data(self._ctx.ctx, buf, len(data), 0) > 0
+
+    # -- sampling -----------------------------------------------------------------
+    def new_sampler(self, params: SamplingParams) -> Any:
+        self._llm.set_seed(params.seed)
+        return self._llm._init_sampler(
+            top_k=params.top_k,
+            top_p=params.top_p,
+            min_p=params.min_p,
+            temp=params.temperature,
+            repeat_penalty=params.repeat_penalty,
+        )
+
+    def sample(self, sampler: Any) -> int:
+        return int(sampler.sample(self._ctx, -1))
+
+    def special_text(self, which: str) -> str:
+        """The text of the BOS or EOS token, for chat templates."""
+        token = self._llm.token_bos() if which == "bos" else self._llm.token_eos()
+        if token < 0:
+            return ""
+        n = llama_cpp.llama_token_to_piece(self._vocab, token, self._piece, len(self._piece), 0, True)
+        return self._piece.raw[:n].decode("utf-8", errors="replace") if n > 0 else ""

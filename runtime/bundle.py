@@ -1,0 +1,275 @@
+"""Bundle format v1: one versioned, checksummed artifact for any model kind.
+
+Two forms hold the same content:
+
+* **installed form** (a directory): ``manifest.json`` plus the files it lists.
+  This is what the store keeps and what backends load.
+* **transport form** (one file, ``NAME-VERSION.edgerun``): an uncompressed POSIX
+  tar whose first member is ``manifest.json`` followed by exactly the files the
+  manifest lists (weights do not compress; tar keeps them streamable and
+  inspectable with standard tools).
+
+``manifest.json`` is UTF-8 JSON. Its ``format`` is ``"edgerun.bundle"`` and its
+``schema_version`` is :data:`SCHEMA_VERSION`; a reader rejects any other value.
+Each file entry carries its size in bytes and its SHA-256; nothing is made
+visible (installed) before every checksum has been verified.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import json
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from runtime.errors import BadInput
+
+FORMAT = "edgerun.bundle"
+SCHEMA_VERSION = 1
+MANIFEST = "manifest.json"
+EXTENSION = ".edgerun"
+MAX_MANIFEST_BYTES = 4 << 20  # a manifest with a chat template and a report is a few KiB
+NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
+VERSION_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,63}$")
+FILE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")  # flat: no directories, no '..'
+HASH_CHUNK = 1 << 20
+
+
+class ModelKind(str, enum.Enum):
+    LLM = "llm"
+    VISION = "vision"
+    AUDIO = "audio"
+
+
+class BackendName(str, enum.Enum):
+    LLAMACPP = "llamacpp"
+    LITERT = "litert"
+    ORT = "ort"
+    NULL = "null"
+
+
+def _enum(cls: type[enum.Enum], value: Any, what: str) -> Any:
+    try:
+        return cls(value)
+    except ValueError:
+        valid = ", ".join(m.value for m in cls)  # type: ignore[attr-defined]
+        raise BadInput(f"manifest: {what} {value!r} is not valid (valid: {valid})") from None
+
+
+def _require(data: dict[str, Any], key: str, typ: type | tuple[type, ...], where: str = "manifest") -> Any:
+    if key not in data:
+        raise BadInput(f"{where}: required field {key!r} is missing")
+    value = data[key]
+    if not isinstance(value, typ) or (typ is int and isinstance(value, bool)):
+        names = typ.__name__ if isinstance(typ, type) else " or ".join(t.__name__ for t in typ)
+        raise BadInput(f"{where}: field {key!r} must be {names}, got {type(value).__name__} {value!r}"[:300])
+    return value
+
+
+def check_name(name: str) -> str:
+    if not NAME_RE.match(name):
+        raise BadInput(f"model name {name!r} is not valid: use 1-64 of a-z 0-9 . _ - starting with a letter or digit")
+    return name
+
+
+def check_version(version: str) -> str:
+    if not VERSION_RE.match(version):
+        raise BadInput(f"model version {version!r} is not valid: use 1-64 of A-Z a-z 0-9 . _ + - starting with a letter or digit")
+    return version
+
+
+@dataclass(frozen=True)
+class FileEntry:
+    path: str
+    sha256: str
+    size: int  # bytes
+    role: str = "weights"
+
+    @classmethod
+    def from_dict(cls, data: Any, i: int) -> FileEntry:
+        where = f"manifest files[{i}]"
+        if not isinstance(data, dict):
+            raise BadInput(f"{where} must be an object")
+        path = _require(data, "path", str, where)
+        if not FILE_RE.match(path) or path == MANIFEST:
+            raise BadInput(f"{where}: file name {path!r} is not valid (a plain name, no directories)")
+        sha = _require(data, "sha256", str, where)
+        if not re.fullmatch(r"[0-9a-f]{64}", sha):
+            raise BadInput(f"{where}: sha256 {sha!r} is not 64 lowercase hex digits")
+        size = _require(data, "size", int, where)
+        if size < 0:
+            raise BadInput(f"{where}: size {size} is negative")
+        return cls(path, sha, size, str(data.get("role", "weights")))
+
+
+@dataclass(frozen=True)
+class LLMSpec:
+    """What the runtime needs to run a GGUF language model offline."""
+
+    architecture: str
+    context_length: int  # tokens the model was trained for
+    chat_template: str | None = None
+    quantization: str = ""
+    sampling: dict[str, float | int] = field(default_factory=dict)  # default sampling settings
+
+    @classmethod
+    def from_dict(cls, data: Any) -> LLMSpec:
+        if not isinstance(data, dict):
+            raise BadInput("manifest: field 'llm' must be an object")
+        ctx = _require(data, "context_length", int, "manifest llm")
+        if ctx <= 0:
+            raise BadInput(f"manifest llm: context_length {ctx} must be positive")
+        template = data.get("chat_template")
+        if template is not None and not isinstance(template, str):
+            raise BadInput("manifest llm: chat_template must be a string or null")
+        sampling = data.get("sampling", {})
+        if not isinstance(sampling, dict):
+            raise BadInput("manifest llm: sampling must be an object")
+        return cls(
+            architecture=_require(data, "architecture", str, "manifest llm"),
+            context_length=ctx,
+            chat_template=template,
+            quantization=str(data.get("quantization", "")),
+            sampling=sampling,
+        )
+
+
+@dataclass(frozen=True)
+class Manifest:
+    kind: ModelKind
+    backend: BackendName
+    model_format: str
+    name: str
+    version: str
+    files: tuple[FileEntry, ...]
+    license: str = "unknown"
+    llm: LLMSpec | None = None
+    source: dict[str, Any] = field(default_factory=dict)
+    reports: dict[str, Any] = field(default_factory=dict)  # conversion quality reports travel here
+    schema_version: int = SCHEMA_VERSION
+
+    @property
+    def ref(self) -> str:
+        return f"{self.name}@{self.version}"
+
+    def file(self, role: str) -> FileEntry:
+        for entry in self.files:
+            if entry.role == role:
+                return entry
+        raise BadInput(f"bundle {self.ref} has no {role} file (files: {', '.join(f.path for f in self.files)})")
+
+    def to_dict(self) -> dict[str, Any]:
+        data = {
+            "format": FORMAT,
+            "schema_version": self.schema_version,
+            "kind": self.kind.value,
+            "backend": self.backend.value,
+            "model_format": self.model_format,
+            "name": self.name,
+            "version": self.version,
+            "license": self.license,
+            "files": [asdict(f) for f in self.files],
+            "source": self.source,
+            "reports": self.reports,
+        }
+        if self.llm is not None:
+            data["llm"] = asdict(self.llm)
+        return data
+
+    def to_json(self) -> bytes:
+        return (json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n").encode()
+
+    @classmethod
+    def from_dict(cls, data: Any) -> Manifest:
+        if not isinstance(data, dict):
+            raise BadInput("manifest: top level must be a JSON object")
+        fmt = data.get("format")
+        if fmt != FORMAT:
+            raise BadInput(f"manifest: format is {fmt!r}, expected {FORMAT!r}")
+        schema = _require(data, "schema_version", int)
+        if schema != SCHEMA_VERSION:
+            raise BadInput(f"manifest: schema_version {schema} is not supported (this edgerun reads {SCHEMA_VERSION})")
+        kind = _enum(ModelKind, _require(data, "kind", str), "kind")
+        files_raw = _require(data, "files", list)
+        if not files_raw:
+            raise BadInput("manifest: 'files' is empty; a bundle holds at least one file")
+        files = tuple(FileEntry.from_dict(f, i) for i, f in enumerate(files_raw))
+        seen = [f.path for f in files]
+        if len(set(seen)) != len(seen):
+            raise BadInput(f"manifest: a file is listed twice in {seen}")
+        llm = LLMSpec.from_dict(data["llm"]) if "llm" in data else None
+        if kind == ModelKind.LLM and llm is None:
+            raise BadInput("manifest: kind 'llm' requires an 'llm' section (architecture, context_length)")
+        return cls(
+            kind=kind,
+            backend=_enum(BackendName, _require(data, "backend", str), "backend"),
+            model_format=_require(data, "model_format", str),
+            name=check_name(_require(data, "name", str)),
+            version=check_version(_require(data, "version", str)),
+            files=files,
+            license=str(data.get("license", "unknown")),
+            llm=llm,
+            source=data.get("source", {}) if isinstance(data.get("source", {}), dict) else {},
+            reports=data.get("reports", {}) if isinstance(data.get("reports", {}), dict) else {},
+            schema_version=schema,
+        )
+
+    @classmethod
+    def from_bytes(cls, raw: bytes, where: str) -> Manifest:
+        if len(raw) > MAX_MANIFEST_BYTES:
+            raise BadInput(f"{where}: manifest is {len(raw)} bytes (at most {MAX_MANIFEST_BYTES})")
+        try:
+            data = json.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise BadInput(f"{where}: manifest.json is not valid JSON ({exc})") from None
+        try:
+            return cls.from_dict(data)
+        except BadInput as exc:
+            raise BadInput(f"{where}: {exc}") from None
+
+
+def sha256_stream(src: BinaryIO, dst: BinaryIO | None = None, limit: int | None = None) -> tuple[str, int]:
+    """Hash (and optionally copy) a stream; returns (hex digest, bytes read)."""
+    digest = hashlib.sha256()
+    n = 0
+    while True:
+        want = HASH_CHUNK if limit is None else min(HASH_CHUNK, limit - n)
+        if want <= 0:
+            break
+        block = src.read(want)
+        if not block:
+            break
+        digest.update(block)
+        if dst is not None:
+            dst.write(block)
+        n += len(block)
+    return digest.hexdigest(), n
+
+
+def sha256_file(path: Path) -> tuple[str, int]:
+    with open(path, "rb") as fh:
+        return sha256_stream(fh)
+
+
+def read_manifest_dir(directory: Path) -> Manifest:
+    path = directory / MANIFEST
+    if not path.is_file():
+        raise BadInput(f"{directory}: not a bundle directory (no {MANIFEST})")
+    return Manifest.from_bytes(path.read_bytes(), str(directory))
+
+
+def verify_dir(directory: Path, manifest: Manifest) -> None:
+    """Check every listed file's size and SHA-256 in an installed bundle directory."""
+    for entry in manifest.files:
+        path = directory / entry.path
+        if not path.is_file():
+            raise BadInput(f"{directory}: file {entry.path!r} listed in the manifest is missing")
+        size = path.stat().st_size
+        if size != entry.size:
+            raise BadInput(f"{directory}: {entry.path} is {size} bytes, the manifest says {entry.size}")
+        digest, _ = sha256_file(path)
+        if digest != entry.sha256:
+            raise BadInput(f"{directory}: checksum mismatch for {entry.path} (sha256 {digest[:16]}..., manifest {entry.sha256[:16]}...)")

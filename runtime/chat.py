@@ -1,0 +1,151 @@
+"""Chat: render the model's own chat template and keep the conversation in context.
+
+The template is the Jinja2 text shipped in the GGUF (``tokenizer.chat_template``),
+rendered in a sandbox. When a conversation no longer fits, the oldest turns are
+dropped (never the system prompt) and the drop is reported; the engine then
+shifts the cached turns that remain instead of recomputing them.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from runtime.errors import BadInput, missing
+from runtime.sampling import SamplingParams
+
+if TYPE_CHECKING:
+    from runtime.llm import LLM, Generation
+
+log = logging.getLogger(__name__)
+ROLES = ("system", "user", "assistant")
+
+
+class ChatTemplate:
+    def __init__(self, source: str, bos: str, eos: str) -> None:
+        try:
+            from jinja2.sandbox import ImmutableSandboxedEnvironment
+        except ImportError:
+            raise missing("jinja2", "llm") from None
+
+        def raise_exception(message: str) -> None:
+            raise BadInput(f"chat template refused the conversation: {message}")
+
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        env.globals["raise_exception"] = raise_exception
+        self._template = env.from_string(source)
+        self.bos, self.eos = bos, eos
+
+    def render(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
+        return self._template.render(
+            messages=messages, add_generation_prompt=add_generation_prompt, bos_token=self.bos, eos_token=self.eos
+        )
+
+
+def check_messages(messages: Any) -> list[dict[str, str]]:
+    if not isinstance(messages, list) or not messages:
+        raise BadInput("a chat needs a non-empty list of messages")
+    for i, msg in enumerate(messages):
+        if not isinstance(msg, dict) or msg.get("role") not in ROLES or not isinstance(msg.get("content"), str):
+            raise BadInput(f"message {i} must be {{'role': one of {', '.join(ROLES)}, 'content': text}}, got {msg!r}"[:300])
+    if messages[-1]["role"] != "user":
+        raise BadInput("the last message of a chat must come from the user")
+    return messages
+
+
+def template_for(llm: LLM) -> ChatTemplate:
+    if llm._template is None:
+        spec = llm.model.manifest.llm
+        assert spec is not None
+        if not spec.chat_template:
+            raise BadInput(
+                f"{llm.model.manifest.ref} has no chat template (a base model); use 'edgerun run --prompt' to continue text"
+            )
+        meta = llm.backend
+        llm._template = ChatTemplate(spec.chat_template, meta.special_text("bos"), meta.special_text("eos"))
+    return llm._template
+
+
+def start_chat(llm: LLM, messages: list[dict[str, str]], params: SamplingParams) -> Generation:
+    from runtime.llm import Truncation
+
+    messages = check_messages(list(messages))
+    template = template_for(llm)
+    system = [m for m in messages if m["role"] == "system"][:1]
+    rest = [m for m in messages if m not in system]
+    room = max(1, min(params.max_tokens, llm.n_ctx // 4))
+    dropped_msgs = dropped_tokens = 0
+    tokens = _tokens(llm, template, system + rest)
+    while len(tokens) + room > llm.n_ctx and len(rest) > 1:
+        # Drop the oldest exchange: messages up to the next user message.
+        cut = 1
+        while cut < len(rest) - 1 and rest[cut]["role"] != "user":
+            cut += 1
+        rest = rest[cut:]
+        dropped_msgs += cut
+        before = len(tokens)
+        tokens = _tokens(llm, template, system + rest)
+        dropped_tokens += before - len(tokens)
+    truncations = [Truncation("turns", dropped_tokens, 0, dropped_msgs)] if dropped_msgs else []
+    if dropped_msgs:
+        log.warning("conversation exceeds the %d-token context: dropped the %d oldest messages", llm.n_ctx, dropped_msgs)
+    n_keep = 0
+    if system:
+        head = _tokens(llm, template, system, add_generation_prompt=False)
+        n_keep = _common(head, tokens)
+    return llm.start(tokens, params, n_keep=n_keep, truncations=truncations)
+
+
+def _tokens(llm: LLM, template: ChatTemplate, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> list[int]:
+    text = template.render(messages, add_generation_prompt)
+    add_bos = not (template.bos and text.startswith(template.bos))
+    return llm.backend.tokenize(text, add_bos=add_bos, special=True)
+
+
+def _common(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+class ChatSession:
+    """A conversation that remembers its turns (used by ``edgerun chat``)."""
+
+    def __init__(self, llm: LLM, system: str | None = None, params: SamplingParams | None = None) -> None:
+        self.llm = llm
+        self.params = params or llm.defaults
+        self.messages: list[dict[str, str]] = [{"role": "system", "content": system}] if system else []
+        self.truncations = 0
+
+    def send(self, text: str) -> Generation:
+        self.messages.append({"role": "user", "content": text})
+        gen = self.llm.chat(self.messages, self.params)
+        return _Recording(gen, self)
+
+
+class _Recording:
+    """Wraps a Generation to append the reply to the session when it finishes."""
+
+    def __init__(self, gen: Generation, session: ChatSession) -> None:
+        self.gen, self.session = gen, session
+
+    def __iter__(self):
+        yield from self.gen
+        self._record()
+
+    def finish(self):
+        result = self.gen.finish()
+        self._record()
+        return result
+
+    @property
+    def result(self):
+        return self.gen.result
+
+    def _record(self) -> None:
+        if self.gen.result is not None and (not self.session.messages or self.session.messages[-1]["role"] == "user"):
+            self.session.messages.append({"role": "assistant", "content": self.gen.result.text})
+            self.session.truncations += len(self.gen.result.truncations)

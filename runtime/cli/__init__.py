@@ -1,0 +1,86 @@
+"""The ``edgerun`` command: one dispatcher, each subcommand imported only when it runs.
+
+A subcommand module exposes ``HELP`` (one line), ``add_arguments(parser)`` and
+``main(args) -> int``. Data goes to stdout, logs and errors to stderr. Exit codes:
+0 ok, 2 bad input, 3 does not fit the memory budget, 4 missing optional package,
+5 placement refused, 6 backend failure, 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+
+from runtime.errors import EdgerunError
+
+# name -> module; modules are imported only when their command runs.
+COMMANDS: dict[str, str] = {
+    "run": "runtime.cli.run_cmd",
+    "chat": "runtime.cli.chat_cmd",
+    "plan": "runtime.cli.plan_cmd",
+    "inspect": "runtime.cli.inspect_cmd",
+    "install": "runtime.cli.store_cmd",
+    "list": "runtime.cli.store_cmd",
+    "remove": "runtime.cli.store_cmd",
+    "rollback": "runtime.cli.store_cmd",
+    "pack": "runtime.cli.store_cmd",
+    "doctor": "devices.cli.doctor_cmd",
+    "serial-peer": "devices.cli.serial_peer_cmd",
+}
+
+
+def _usage() -> str:
+    lines = ["usage: edgerun COMMAND [options]   (edgerun COMMAND --help for a command's options)", "", "commands:"]
+    for name, module in COMMANDS.items():
+        lines.append(f"  {name:<12} {_help_line(name, module)}")
+    return "\n".join(lines)
+
+
+def _help_line(name: str, module: str) -> str:
+    try:
+        mod = importlib.import_module(module)
+    except ImportError:  # a command whose module is absent in this install
+        return "(not available in this install)"
+    helps = getattr(mod, "HELPS", None)
+    return helps[name] if helps and name in helps else getattr(mod, "HELP", "")
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(_usage())
+        return 0 if argv else 2
+    name = argv.pop(0)
+    if name not in COMMANDS:
+        print(f"edgerun: unknown command {name!r}; valid commands: {', '.join(COMMANDS)}", file=sys.stderr)
+        return 2
+    mod = importlib.import_module(COMMANDS[name])
+    parser = argparse.ArgumentParser(prog=f"edgerun {name}", description=_help_line(name, COMMANDS[name]))
+    parser.add_argument("-v", "--verbose", action="store_true", help="log progress to stderr")
+    if hasattr(mod, "add_command_arguments"):
+        mod.add_command_arguments(name, parser)
+    else:
+        mod.add_arguments(parser)
+    args = parser.parse_args(argv)  # argparse exits 2 with one line on bad flags
+    args.command = name
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING,
+        format="edgerun: %(message)s",
+        stream=sys.stderr,
+    )
+    try:
+        return int(mod.main(args) or 0)
+    except EdgerunError as exc:
+        print(f"edgerun: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("edgerun: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

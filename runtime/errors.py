@@ -1,0 +1,51 @@
+"""Errors that reach the user as one line and a meaningful exit code.
+
+Every error raised on purpose by edgerun derives from :class:`EdgerunError`.
+The CLI prints ``edgerun: <message>`` on stderr and exits with ``exit_code``;
+nothing else (no traceback) reaches the terminal for these.
+"""
+
+from __future__ import annotations
+
+
+class EdgerunError(Exception):
+    """Base class. ``exit_code`` is what the CLI exits with."""
+
+    exit_code = 1
+
+
+class BadInput(EdgerunError):
+    """The user gave something invalid: a path, a name, a file, a flag value."""
+
+    exit_code = 2
+
+
+class DoesNotFit(EdgerunError):
+    """The plan does not fit the memory budget; nothing was allocated."""
+
+    exit_code = 3
+
+
+class MissingDependency(EdgerunError):
+    """An optional package is not installed; the message carries the pip line."""
+
+    exit_code = 4
+
+
+class PlacementError(EdgerunError):
+    """The requested target cannot be honoured under the given policy."""
+
+    exit_code = 5
+
+
+class BackendError(EdgerunError):
+    """The native backend failed after our checks passed."""
+
+    exit_code = 6
+
+
+def missing(module: str, extra: str) -> MissingDependency:
+    """The error for an optional package that is not installed."""
+    return MissingDependency(
+        f"the Python package {module!r} is not installed; install it with: pip install 'edgerun[{extra}]'"
+    )

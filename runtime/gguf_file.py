@@ -1,0 +1,278 @@
+"""A bounded, hostile-input-safe reader of GGUF headers.
+
+llama.cpp must never see a file we have not checked, so every GGUF is read here
+first: magic, version, KV and tensor counts against the file size, every string
+and array length against the bytes that remain, duplicate keys and tensor names,
+tensor types, alignment, and every tensor's data extent against the file end
+(a truncated download fails here, not inside native code).
+
+Format constants come from the ``gguf`` package (llama.cpp's own Python
+module); the parsing is ours because ``gguf.GGUFReader`` materialises every
+array (seconds for a 49k-token vocabulary) and trusts the counts it reads.
+Large arrays (the vocabulary, merges) are skipped with their length recorded.
+All multi-byte values are little-endian (GGUF v2/v3).
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gguf.constants import GGML_QUANT_SIZES, GGUF_DEFAULT_ALIGNMENT, GGUF_MAGIC, GGMLQuantizationType, GGUFValueType
+
+from runtime.errors import BadInput
+
+SUPPORTED_VERSIONS = (2, 3)
+MAX_TENSORS = 1 << 16  # far above any real model (a 70B has ~700 tensors)
+MAX_KV = 1 << 16
+MAX_KEY_LEN = 1 << 16
+MAX_DIMS = 4  # GGML_MAX_DIMS
+SMALL_ARRAY = 256  # arrays up to this many elements are kept as values
+# Strings worth keeping even when long.
+KEEP_LONG_STRINGS = ("tokenizer.chat_template",)
+
+_SCALAR = {
+    GGUFValueType.UINT8: "<B",
+    GGUFValueType.INT8: "<b",
+    GGUFValueType.UINT16: "<H",
+    GGUFValueType.INT16: "<h",
+    GGUFValueType.UINT32: "<I",
+    GGUFValueType.INT32: "<i",
+    GGUFValueType.FLOAT32: "<f",
+    GGUFValueType.BOOL: "<?",
+    GGUFValueType.UINT64: "<Q",
+    GGUFValueType.INT64: "<q",
+    GGUFValueType.FLOAT64: "<d",
+}
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    name: str
+    shape: tuple[int, ...]  # ggml order: ne[0] is the innermost (row) dimension
+    type: GGMLQuantizationType
+    offset: int  # bytes from the start of the data section
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class ArrayInfo:
+    """A large array that was skipped, not loaded."""
+
+    type: GGUFValueType
+    length: int
+
+
+@dataclass
+class GGUFInfo:
+    path: Path
+    version: int
+    file_size: int
+    metadata: dict[str, Any]
+    tensors: list[TensorInfo] = field(default_factory=list)
+    data_offset: int = 0
+    alignment: int = GGUF_DEFAULT_ALIGNMENT
+
+    @property
+    def architecture(self) -> str:
+        return str(self.metadata.get("general.architecture", ""))
+
+    @property
+    def tensor_bytes(self) -> int:
+        return sum(t.nbytes for t in self.tensors)
+
+    def arch_value(self, key: str, default: Any = None) -> Any:
+        """``{arch}.key`` from the metadata, e.g. ``arch_value('block_count')``."""
+        return self.metadata.get(f"{self.architecture}.{key}", default)
+
+    @property
+    def n_vocab(self) -> int:
+        tokens = self.metadata.get("tokenizer.ggml.tokens")
+        if isinstance(tokens, ArrayInfo):
+            return tokens.length
+        if isinstance(tokens, list):
+            return len(tokens)
+        return int(self.arch_value("vocab_size", 0) or 0)
+
+    @property
+    def chat_template(self) -> str | None:
+        value = self.metadata.get("tokenizer.chat_template")
+        return value if isinstance(value, str) else None
+
+    def summary(self) -> dict[str, Any]:
+        """JSON-friendly metadata: small values only, large arrays as their lengths."""
+        out: dict[str, Any] = {}
+        for key, value in self.metadata.items():
+            if isinstance(value, ArrayInfo):
+                out[key] = f"<array of {value.length} {value.type.name.lower()}>"
+            elif isinstance(value, str) and len(value) > 200:
+                out[key] = value[:200] + f"... <{len(value)} chars>"
+            else:
+                out[key] = value
+        return out
+
+
+class _Cursor:
+    """Reads little-endian values from a buffer, failing with the field being read."""
+
+    def __init__(self, buf: mmap.mmap | bytes, path: Path) -> None:
+        self.buf = buf
+        self.pos = 0
+        self.size = len(buf)
+        self.path = path
+
+    def fail(self, what: str) -> BadInput:
+        return BadInput(f"{self.path}: not a valid GGUF file: {what}")
+
+    def need(self, n: int, what: str) -> None:
+        if n < 0 or self.pos + n > self.size:
+            raise self.fail(f"truncated while reading {what} at byte {self.pos} ({self.size} bytes in file)")
+
+    def unpack(self, fmt: str, what: str) -> Any:
+        n = struct.calcsize(fmt)
+        self.need(n, what)
+        (value,) = struct.unpack_from(fmt, self.buf, self.pos)
+        self.pos += n
+        return value
+
+    def string(self, what: str, keep: bool = True, limit: int | None = None) -> str | None:
+        length = self.unpack("<Q", f"length of {what}")
+        if limit is not None and length > limit:
+            raise self.fail(f"{what} is {length} bytes long (at most {limit} allowed)")
+        self.need(length, what)
+        raw = bytes(self.buf[self.pos : self.pos + length]) if keep else None
+        self.pos += length
+        if raw is None:
+            return None
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise self.fail(f"{what} is not valid UTF-8") from None
+
+
+def _value_type(cur: _Cursor, what: str) -> GGUFValueType:
+    raw = cur.unpack("<I", f"type of {what}")
+    try:
+        return GGUFValueType(raw)
+    except ValueError:
+        raise cur.fail(f"{what} has unknown value type {raw} (valid: 0-12)") from None
+
+
+def _read_value(cur: _Cursor, vtype: GGUFValueType, key: str) -> Any:
+    if vtype in _SCALAR:
+        return cur.unpack(_SCALAR[vtype], f"value of {key!r}")
+    if vtype == GGUFValueType.STRING:
+        return cur.string(f"value of {key!r}")
+    # Array: element type, count, elements. Nested arrays are not used by llama.cpp.
+    etype = _value_type(cur, f"elements of {key!r}")
+    if etype == GGUFValueType.ARRAY:
+        raise cur.fail(f"{key!r} is an array of arrays, which GGUF readers do not support")
+    count = cur.unpack("<Q", f"length of {key!r}")
+    min_elem = 8 if etype == GGUFValueType.STRING else struct.calcsize(_SCALAR[etype])
+    if count * min_elem > cur.size - cur.pos:
+        raise cur.fail(f"{key!r} claims {count} elements, more than the {cur.size - cur.pos} bytes left in the file")
+    keep = count <= SMALL_ARRAY
+    if etype == GGUFValueType.STRING:
+        values = [cur.string(f"element of {key!r}", keep=keep) for _ in range(count)]
+        return values if keep else ArrayInfo(etype, count)
+    size = struct.calcsize(_SCALAR[etype])
+    if keep:
+        fmt = "<" + _SCALAR[etype][1] * count
+        values = list(struct.unpack_from(fmt, cur.buf, cur.pos))
+        cur.pos += size * count
+        return values
+    cur.pos += size * count
+    return ArrayInfo(etype, count)
+
+
+def read_gguf(path: str | os.PathLike[str]) -> GGUFInfo:
+    """Check and read a GGUF header. Raises :class:`BadInput` naming the first problem."""
+    path = Path(path)
+    if not path.exists():
+        raise BadInput(f"{path}: no such file")
+    if not path.is_file():
+        raise BadInput(f"{path}: not a regular file")
+    size = path.stat().st_size
+    if size < 24:
+        raise BadInput(f"{path}: not a GGUF file: {size} bytes is shorter than a GGUF header (24 bytes)")
+    with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+        return _parse(_Cursor(buf, path), path, size)
+
+
+def _parse(cur: _Cursor, path: Path, size: int) -> GGUFInfo:
+    magic = cur.unpack("<I", "magic")
+    if magic != GGUF_MAGIC:
+        raw = struct.pack("<I", magic)
+        raise BadInput(f"{path}: not a GGUF file: magic is {raw!r}, expected b'GGUF'")
+    version = cur.unpack("<I", "version")
+    if version not in SUPPORTED_VERSIONS:
+        raise BadInput(f"{path}: unsupported GGUF version {version} (supported: {', '.join(map(str, SUPPORTED_VERSIONS))})")
+    n_tensors = cur.unpack("<Q", "tensor count")
+    n_kv = cur.unpack("<Q", "metadata count")
+    if n_tensors > MAX_TENSORS:
+        raise cur.fail(f"tensor count {n_tensors} is absurd (at most {MAX_TENSORS})")
+    if n_kv > MAX_KV:
+        raise cur.fail(f"metadata count {n_kv} is absurd (at most {MAX_KV})")
+    # Each KV takes >= 13 bytes (key length, one-byte key, type), each tensor info >= 29.
+    if 24 + n_kv * 13 + n_tensors * 29 > size:
+        raise cur.fail(f"{n_kv} metadata entries and {n_tensors} tensors cannot fit in {size} bytes")
+
+    metadata: dict[str, Any] = {}
+    for i in range(n_kv):
+        key = cur.string(f"key #{i}", limit=MAX_KEY_LEN)
+        assert key is not None
+        if key in metadata:
+            raise cur.fail(f"duplicate metadata key {key!r}")
+        vtype = _value_type(cur, repr(key))
+        metadata[key] = _read_value(cur, vtype, key)
+
+    alignment = metadata.get("general.alignment", GGUF_DEFAULT_ALIGNMENT)
+    if not isinstance(alignment, int) or alignment <= 0 or alignment & (alignment - 1):
+        raise cur.fail(f"general.alignment {alignment!r} is not a power of two")
+
+    tensors: list[TensorInfo] = []
+    names: set[str] = set()
+    for i in range(n_tensors):
+        name = cur.string(f"name of tensor #{i}", limit=MAX_KEY_LEN)
+        assert name is not None
+        if name in names:
+            raise cur.fail(f"duplicate tensor {name!r}")
+        names.add(name)
+        n_dims = cur.unpack("<I", f"dimension count of {name!r}")
+        if not 1 <= n_dims <= MAX_DIMS:
+            raise cur.fail(f"tensor {name!r} has {n_dims} dimensions (1-{MAX_DIMS} allowed)")
+        shape = tuple(cur.unpack("<Q", f"shape of {name!r}") for _ in range(n_dims))
+        raw_type = cur.unpack("<I", f"type of {name!r}")
+        try:
+            ttype = GGMLQuantizationType(raw_type)
+            block, type_size = GGML_QUANT_SIZES[ttype]
+        except (ValueError, KeyError):
+            raise cur.fail(f"tensor {name!r} has unknown type {raw_type}") from None
+        offset = cur.unpack("<Q", f"offset of {name!r}")
+        n_elems = 1
+        for dim in shape:
+            if dim == 0 or dim > 1 << 40:
+                raise cur.fail(f"tensor {name!r} has an impossible shape {shape}")
+            n_elems *= dim
+        if shape[0] % block:
+            raise cur.fail(f"tensor {name!r}: row length {shape[0]} is not a multiple of the {ttype.name} block size {block}")
+        if offset % alignment:
+            raise cur.fail(f"tensor {name!r} offset {offset} is not aligned to {alignment}")
+        tensors.append(TensorInfo(name, shape, ttype, offset, n_elems // block * type_size))
+
+    data_offset = (cur.pos + alignment - 1) // alignment * alignment
+    for t in tensors:
+        end = data_offset + t.offset + t.nbytes
+        if end > size:
+            raise BadInput(
+                f"{path}: truncated GGUF: tensor {t.name!r} ends at byte {end} but the file has {size} bytes"
+                " (an incomplete download or copy?)"
+            )
+    info = GGUFInfo(path, version, size, metadata, tensors, data_offset, alignment)
+    if not info.architecture:
+        raise cur.fail("general.architecture is missing")
+    return info

@@ -1,0 +1,264 @@
+"""The LLM API: load a model within a memory budget, generate and chat, streaming.
+
+    with LLM.load("default", memory="512M") as llm:
+        for piece in llm.stream("Why is the sky blue?"):
+            print(piece, end="", flush=True)
+        result = llm.generate("Hello", SamplingParams(max_tokens=32))
+
+Loading resolves the model (bundle, .gguf, name), reads and checks its GGUF
+header, plans memory (refusing before allocating if it cannot fit), resolves
+the placement (target and threads) and only then opens the backend.
+"""
+
+from __future__ import annotations
+
+import codecs
+import logging
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from runtime.backends.base import LLMBackend
+from runtime.errors import BadInput
+from runtime.kv import KVSequence
+from runtime.metrics import peak_rss_bytes
+from runtime.plan import KVType, MemoryPlan, default_budget, plan_llm
+from runtime.prefix_cache import PrefixCache
+from runtime.resolve import ResolvedModel, resolve
+from runtime.sampling import SamplingParams
+from runtime.units import parse_size
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Truncation:
+    """Tokens that left the context, reported to the caller, never silent."""
+
+    kind: str  # "prompt" (did not fit), "turns" (oldest chat turns dropped), "shift" (during generation)
+    tokens_dropped: int
+    at_token: int  # generated tokens so far when it happened
+    messages_dropped: int = 0
+
+
+@dataclass
+class Result:
+    text: str
+    tokens_in: int
+    tokens_out: int
+    stop_reason: str  # "eos", "stop" or "length"
+    ttft_ms: float
+    prefill_tps: float  # prompt tokens actually computed per second
+    decode_tps: float
+    n_ctx: int
+    kv_type: str
+    prefix_cache_hit: bool
+    reused_tokens: int
+    reuse_source: str
+    peak_rss_bytes: int
+    truncations: list[Truncation] = field(default_factory=list)
+    prefix_cache: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def truncated(self) -> bool:
+        return bool(self.truncations)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["truncated"] = self.truncated
+        return data
+
+
+class Generation:
+    """A generation in progress: iterate for text pieces, then read :attr:`result`."""
+
+    def __init__(self, llm: LLM, prompt: list[int], params: SamplingParams, n_keep: int, truncations: list[Truncation]):
+        self.llm = llm
+        self.params = params
+        self.prompt = prompt
+        self.n_keep = n_keep
+        self.truncations = list(truncations)
+        self.result: Result | None = None
+        self._iter = self._run()
+
+    def __iter__(self) -> Iterator[str]:
+        return self._iter
+
+    def finish(self) -> Result:
+        for _ in self._iter:
+            pass
+        assert self.result is not None
+        return self.result
+
+    def _fit_prompt(self) -> list[int]:
+        n_ctx = self.llm.n_ctx
+        room = max(1, min(self.params.max_tokens, n_ctx // 4))
+        prompt = self.prompt
+        if len(prompt) + room <= n_ctx:
+            return prompt
+        keep = min(self.n_keep, n_ctx // 2)
+        tail = n_ctx - room - keep
+        dropped = len(prompt) - keep - tail
+        self.truncations.append(Truncation("prompt", dropped, 0))
+        log.warning("prompt of %d tokens does not fit %d-token context: dropped %d after the first %d", len(prompt), n_ctx, dropped, keep)
+        self.n_keep = keep
+        return prompt[:keep] + prompt[len(prompt) - tail :]
+
+    def _run(self) -> Iterator[str]:
+        llm, params, backend, kv = self.llm, self.params, self.llm.backend, self.llm.kv
+        prompt = self._fit_prompt()
+        t0 = time.perf_counter()
+        reuse = kv.prepare(prompt)
+        computed = len(prompt) - reuse.tokens
+        kv.append(prompt[reuse.tokens :])
+        if computed > 1:
+            kv.save_prefix()
+        sampler = backend.new_sampler(params)
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        stops = params.stop
+        hold = max((len(s) for s in stops), default=1) - 1
+        text, emitted, out, reason = "", 0, 0, "length"
+        t_first = t_prefill = 0.0  # perf_counter() when the first token was sampled
+        while out < params.max_tokens:
+            token = backend.sample(sampler)
+            if not t_first:
+                t_first = t_prefill = time.perf_counter()
+            if backend.is_eog(token):
+                reason = "eos"
+                break
+            out += 1
+            text += decoder.decode(backend.token_bytes(token))
+            cut = _find_stop(text, stops, emitted)
+            if cut is not None:
+                text, reason = text[:cut], "stop"
+                break
+            safe = len(text) - hold if stops else len(text)
+            if safe > emitted:
+                yield text[emitted:safe]
+                emitted = safe
+            if out >= params.max_tokens:
+                break
+            if len(kv.tokens) >= kv.n_ctx:
+                dropped = kv.shift(self.n_keep, (len(kv.tokens) - self.n_keep) // 2)
+                self.truncations.append(Truncation("shift", dropped, out))
+                log.info("context shift: dropped %d tokens after the first %d", dropped, self.n_keep)
+            kv.append([token])
+        text += decoder.decode(b"", final=True)
+        if reason != "stop":
+            cut = _find_stop(text, stops, emitted)
+            if cut is not None:
+                text, reason = text[:cut], "stop"
+        if len(text) > emitted:
+            yield text[emitted:]
+        t_end = time.perf_counter()
+        t_first = t_first or t_end
+        t_prefill = t_prefill or t_end
+        prefill_s = max(t_prefill - t0, 1e-9)
+        decode_s = t_end - t_first
+        self.result = Result(
+            text=text,
+            tokens_in=len(self.prompt),
+            tokens_out=out,
+            stop_reason=reason,
+            ttft_ms=(t_first - t0) * 1000,
+            prefill_tps=computed / prefill_s,
+            decode_tps=(out - 1) / decode_s if out > 1 and decode_s > 0 else 0.0,
+            n_ctx=llm.n_ctx,
+            kv_type=llm.plan.kv_type.value,
+            prefix_cache_hit=reuse.tokens > 0,
+            reused_tokens=reuse.tokens,
+            reuse_source=reuse.source,
+            peak_rss_bytes=peak_rss_bytes(),
+            truncations=self.truncations,
+            prefix_cache=llm.prefix_cache.stats(),
+        )
+
+
+def _find_stop(text: str, stops: Sequence[str], start: int) -> int | None:
+    found = [i for s in stops if (i := text.find(s, max(0, start - len(s)))) >= 0]
+    return min(found) if found else None
+
+
+class LLM:
+    """A loaded language model. Close it (or use ``with``) to free native memory."""
+
+    def __init__(self, model: ResolvedModel, plan: MemoryPlan, backend: LLMBackend, placement: Any) -> None:
+        self.model = model
+        self.plan = plan
+        self.backend = backend
+        self.placement = placement
+        self.prefix_cache = PrefixCache(plan.prefix_cache_bytes)
+        self.kv = KVSequence(backend, self.prefix_cache)
+        spec = model.manifest.llm
+        assert spec is not None
+        self.defaults = SamplingParams.from_defaults(spec.sampling)
+        self._template = None
+
+    @property
+    def n_ctx(self) -> int:
+        return self.backend.n_ctx
+
+    @classmethod
+    def load(
+        cls,
+        model: str | ResolvedModel,
+        *,
+        memory: int | str | None = None,
+        ctx: int | None = None,
+        kv_type: KVType | str | None = None,
+        threads: int | None = None,
+        target: str = "auto",
+        require_accelerator: bool = False,
+        prefix_cache_bytes: int | None = None,
+    ) -> LLM:
+        from runtime.loader import open_llm
+
+        resolved = resolve(model) if isinstance(model, str) else model
+        budget = parse_size(memory) if isinstance(memory, str) else (memory or default_budget())
+        kv = KVType(kv_type) if isinstance(kv_type, str) else kv_type
+        return open_llm(cls, resolved, budget, ctx=ctx, kv_type=kv, threads=threads, target=target,
+                        require_accelerator=require_accelerator, prefix_cache_bytes=prefix_cache_bytes)
+
+    def close(self) -> None:
+        self.backend.close()
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- generation ----------------------------------------------------------------
+    def params(self, **overrides: Any) -> SamplingParams:
+        """The bundle's default sampling settings with ``overrides`` (None: keep default)."""
+        spec = self.model.manifest.llm
+        assert spec is not None
+        return SamplingParams.from_defaults(spec.sampling, **overrides)
+
+    def tokenize(self, text: str, *, special: bool = False) -> list[int]:
+        return self.backend.tokenize(text, add_bos=True, special=special)
+
+    def start(self, prompt: str | Sequence[int], params: SamplingParams | None = None, *, n_keep: int | None = None,
+              truncations: Sequence[Truncation] = ()) -> Generation:
+        if isinstance(prompt, str):
+            if not prompt:
+                raise BadInput("--prompt is empty: give some text to continue")
+            tokens = self.tokenize(prompt)
+        else:
+            tokens = list(prompt)
+        if not tokens:
+            raise BadInput("the prompt has no tokens")
+        keep = n_keep if n_keep is not None else (1 if len(tokens) > 1 and tokens[0] != tokens[1] else 0)
+        return Generation(self, tokens, params or self.defaults, keep, list(truncations))
+
+    def generate(self, prompt: str | Sequence[int], params: SamplingParams | None = None) -> Result:
+        return self.start(prompt, params).finish()
+
+    def stream(self, prompt: str | Sequence[int], params: SamplingParams | None = None) -> Generation:
+        return self.start(prompt, params)
+
+    def chat(self, messages: list[dict[str, str]], params: SamplingParams | None = None) -> Generation:
+        from runtime.chat import start_chat
+
+        return start_chat(self, messages, params or self.defaults)

@@ -1,0 +1,54 @@
+"""The load path shared by every LLM entry point: check, plan, place, open.
+
+Order matters: the GGUF header is validated in Python, the memory plan is made
+(and refused) before anything is allocated, the placement is resolved (and
+refused under ``require_accelerator``) before the backend library is imported.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from runtime.bundle import BackendName, ModelKind
+from runtime.errors import BadInput
+from runtime.gguf_file import read_gguf
+from runtime.plan import KVType, plan_llm
+from runtime.resolve import ResolvedModel
+
+if TYPE_CHECKING:
+    from runtime.llm import LLM
+
+log = logging.getLogger(__name__)
+
+
+def open_llm(
+    cls: type[LLM],
+    model: ResolvedModel,
+    budget: int,
+    *,
+    ctx: int | None,
+    kv_type: KVType | None,
+    threads: int | None,
+    target: str,
+    require_accelerator: bool,
+    prefix_cache_bytes: int | None,
+) -> LLM:
+    manifest = model.manifest
+    if manifest.kind != ModelKind.LLM or manifest.backend != BackendName.LLAMACPP:
+        raise BadInput(f"{manifest.ref} is a {manifest.kind.value} model for {manifest.backend.value}; this command runs GGUF language models")
+    info = read_gguf(model.path())
+    plan = plan_llm(info, budget, name=manifest.ref, ctx=ctx, kv_type=kv_type, prefix_cache_bytes=prefix_cache_bytes)
+    from devices.placement import resolve_placement
+
+    n_layers = int(info.arch_value("block_count", 0) or 0)
+    placement = resolve_placement("llamacpp", target, require_accelerator=require_accelerator, threads=threads, n_layers=n_layers)
+    log.info("placement: %s", placement.summary())
+    from runtime.backends.llamacpp import LlamaCppBackend
+
+    backend = LlamaCppBackend(model.path(), plan, threads=placement.threads, gpu_layers=placement.gpu_layers)
+    return cls(model, plan, backend, placement)
+
+
+def placement_dict(placement: Any) -> dict[str, Any]:
+    return placement.to_dict() if hasattr(placement, "to_dict") else {"summary": str(placement)}

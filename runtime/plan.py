@@ -1,0 +1,301 @@
+"""Memory planning for LLMs: decide before anything is allocated.
+
+Every term comes from the GGUF's own metadata and is in bytes of *resident*
+memory (what RSS measures), because that is what runs out on a small device:
+
+* ``weights``: the tensor data, memory-mapped and fully touched while running;
+* ``kv``: the KV cache, allocated and cleared by llama.cpp at load (so resident
+  at once): per cell and layer ``n_head_kv * (key_length + value_length)``
+  elements of the KV type. Sliding-window layers (Gemma 3: 5 of every 6) hold
+  only ``pad256(min(n_ctx, window + n_ubatch))`` cells, because edgerun loads with
+  ``swa_full=False``; full-attention layers hold ``n_ctx`` cells (padded to 256
+  for flash attention);
+* ``compute``: activations of one micro-batch (``n_ubatch`` tokens) plus one row
+  of logits. llama.cpp *reserves* the worst case (logits for every token of a
+  micro-batch: 512 MiB for Gemma's 262k vocabulary) as address space, but only
+  the rows we ask for are ever touched; the reservation is reported as
+  ``compute_reserved`` and not counted against the budget;
+* ``prefix_cache``: the byte bound of saved prefix states;
+* ``runtime``: the Python interpreter, numpy and libllama themselves.
+
+The planner picks the context size, KV type and micro-batch: the desired
+context (``--ctx``, else the training context capped at 8192) with an f16 KV
+cache if it fits, else q8_0 (about half the bytes), else smaller micro-batches,
+else the largest context that fits. If the weights alone do not fit it refuses,
+saying by how much.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from runtime.errors import BadInput, DoesNotFit
+from runtime.gguf_file import GGUFInfo
+from runtime.units import fmt_bytes
+
+RUNTIME_OVERHEAD = 48 << 20  # interpreter + numpy + libllama, measured on x86_64 (see bench/llm.py)
+DEFAULT_MAX_CTX = 8192
+MIN_CTX = 256
+CTX_PAD = 256  # llama.cpp pads n_ctx to 256 cells when flash attention is on
+UBATCH_CHOICES = (512, 256, 128, 64)
+DEFAULT_BUDGET_FRACTION = 0.5
+
+# Layers with sliding-window attention, by architecture: llama.cpp's own rules
+# (src/llama-model.cpp, set_swa_pattern), used when the GGUF does not carry
+# ``{arch}.attention.sliding_window_pattern``. pattern n: every n-th layer is global.
+SWA_PATTERNS = {"gemma3": 6, "gemma2": 2, "cohere2": 4, "gemma3n": 5}
+
+
+class KVType(str, enum.Enum):
+    F16 = "f16"
+    Q8_0 = "q8_0"
+
+    @property
+    def bytes_per_element(self) -> float:
+        return {"f16": 2.0, "q8_0": 34 / 32}[self.value]  # q8_0: 32 int8 + one f16 scale
+
+    @property
+    def ggml_type(self) -> int:
+        return {"f16": 1, "q8_0": 8}[self.value]  # GGML_TYPE_F16, GGML_TYPE_Q8_0
+
+
+def _pad(n: int, to: int) -> int:
+    return (n + to - 1) // to * to
+
+
+def _per_layer(value: Any, n_layer: int, what: str) -> list[int]:
+    if isinstance(value, list):
+        if len(value) != n_layer:
+            raise BadInput(f"GGUF {what} has {len(value)} entries for {n_layer} layers")
+        return [int(v) for v in value]
+    return [int(value)] * n_layer
+
+
+@dataclass(frozen=True)
+class LLMShape:
+    """The numbers of a transformer that memory depends on."""
+
+    architecture: str
+    n_layer: int
+    n_embd: int
+    n_head: int
+    n_head_kv: tuple[int, ...]  # per layer
+    key_length: int
+    value_length: int
+    n_ff: int
+    n_vocab: int
+    n_ctx_train: int
+    swa_window: int  # 0: no sliding window
+    swa_layers: tuple[bool, ...]
+
+    @classmethod
+    def from_gguf(cls, info: GGUFInfo) -> LLMShape:
+        arch = info.architecture
+        n_layer = int(info.arch_value("block_count", 0) or 0)
+        n_embd = int(info.arch_value("embedding_length", 0) or 0)
+        n_head_raw = info.arch_value("attention.head_count", 0)
+        if n_layer <= 0 or n_embd <= 0 or not n_head_raw:
+            raise BadInput(f"{info.path}: GGUF lacks {arch}.block_count/embedding_length/attention.head_count; cannot plan memory")
+        n_head = max(_per_layer(n_head_raw, n_layer, "head_count"))
+        n_head_kv = _per_layer(info.arch_value("attention.head_count_kv", n_head_raw), n_layer, "head_count_kv")
+        head_dim = n_embd // n_head
+        n_ff_raw = info.arch_value("feed_forward_length", 4 * n_embd)
+        window = int(info.arch_value("attention.sliding_window", 0) or 0)
+        pattern = info.arch_value("attention.sliding_window_pattern", None)
+        if window and isinstance(pattern, list):
+            swa = tuple(bool(p) for p in pattern[:n_layer])
+        elif window and arch in SWA_PATTERNS:
+            every = int(pattern) if isinstance(pattern, int) and pattern > 0 else SWA_PATTERNS[arch]
+            swa = tuple(il % every < every - 1 for il in range(n_layer))
+        else:
+            window, swa = 0, (False,) * n_layer
+        return cls(
+            architecture=arch,
+            n_layer=n_layer,
+            n_embd=n_embd,
+            n_head=n_head,
+            n_head_kv=tuple(n_head_kv),
+            key_length=int(info.arch_value("attention.key_length", head_dim)),
+            value_length=int(info.arch_value("attention.value_length", head_dim)),
+            n_ff=max(_per_layer(n_ff_raw, n_layer, "feed_forward_length")),
+            n_vocab=info.n_vocab,
+            n_ctx_train=int(info.arch_value("context_length", 0) or 0),
+            swa_window=window,
+            swa_layers=swa,
+        )
+
+    def kv_cell_bytes(self, kv: KVType, swa: bool) -> float:
+        """Bytes of one KV cell summed over the full-attention (or sliding-window) layers."""
+        return sum(
+            h * (self.key_length + self.value_length) * kv.bytes_per_element
+            for h, is_swa in zip(self.n_head_kv, self.swa_layers)
+            if is_swa == swa
+        )
+
+    def swa_cells(self, n_ctx: int, n_ubatch: int) -> int:
+        return min(n_ctx, _pad(self.swa_window + n_ubatch, CTX_PAD)) if self.swa_window else 0
+
+    def compute_bytes(self, n_ubatch: int) -> int:
+        """Resident activations of one micro-batch (f32) plus one row of logits."""
+        q = self.n_head * self.key_length
+        kv = max(self.n_head_kv) * (self.key_length + self.value_length)
+        per_token = 3 * self.n_embd + q + kv + self.n_head * self.value_length + 3 * self.n_ff
+        return int(n_ubatch * per_token * 4 + 2 * self.n_vocab * 4)
+
+    def compute_reserved_bytes(self, n_ubatch: int) -> int:
+        """What llama.cpp reserves as address space: logits for a whole micro-batch."""
+        return int(self.compute_bytes(n_ubatch) + n_ubatch * self.n_vocab * 4)
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    model: str
+    budget_bytes: int
+    weights_bytes: int
+    kv_bytes: int
+    kv_bytes_per_token: float  # full-attention layers: grows with n_ctx
+    kv_swa_bytes: int  # sliding-window layers: fixed size
+    compute_bytes: int
+    compute_reserved_bytes: int
+    prefix_cache_bytes: int
+    runtime_bytes: int
+    n_ctx: int
+    kv_type: KVType
+    n_ubatch: int
+    n_batch: int
+    swa: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def total_bytes(self) -> int:
+        return self.weights_bytes + self.kv_bytes + self.compute_bytes + self.prefix_cache_bytes + self.runtime_bytes
+
+    @property
+    def fits(self) -> bool:
+        return self.total_bytes <= self.budget_bytes
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["kv_type"] = self.kv_type.value
+        data["total_bytes"] = self.total_bytes
+        data["fits"] = self.fits
+        data["headroom_bytes"] = self.budget_bytes - self.total_bytes
+        return data
+
+    def table(self) -> str:
+        rows = [
+            ("weights (mmap)", self.weights_bytes),
+            (f"KV cache ({self.kv_type.value}, {self.n_ctx} ctx)", self.kv_bytes),
+            (f"compute ({self.n_ubatch}-token micro-batch)", self.compute_bytes),
+            ("prefix cache (bound)", self.prefix_cache_bytes),
+            ("runtime (python + libs)", self.runtime_bytes),
+            ("total", self.total_bytes),
+            ("budget", self.budget_bytes),
+        ]
+        lines = [f"plan for {self.model}"]
+        lines += [f"  {name:<38} {fmt_bytes(value):>11}" for name, value in rows]
+        if self.swa:
+            lines.append(f"  sliding window: {self.swa['layers']} layers x {self.swa['cells']} cells (window {self.swa['window']})")
+        lines.append(f"  fits: {'yes' if self.fits else 'no'} (headroom {fmt_bytes(self.budget_bytes - self.total_bytes)});"
+                     f" compute address space reserved: {fmt_bytes(self.compute_reserved_bytes)}")
+        return "\n".join(lines)
+
+
+def default_prefix_cache_bytes(budget: int) -> int:
+    """Small on small devices: 1/16 of the budget, at most 64 MiB."""
+    return min(64 << 20, budget // 16)
+
+
+def default_budget() -> int:
+    from devices.live import available_memory_bytes
+
+    return int(available_memory_bytes() * DEFAULT_BUDGET_FRACTION)
+
+
+def _build(shape: LLMShape, name: str, weights: int, budget: int, n_ctx: int, kv: KVType, ub: int, prefix: int) -> MemoryPlan:
+    n_ctx = _pad(n_ctx, CTX_PAD)
+    swa_cells = shape.swa_cells(n_ctx, ub)
+    full = shape.kv_cell_bytes(kv, swa=False)
+    swa_bytes = int(shape.kv_cell_bytes(kv, swa=True) * swa_cells)
+    return MemoryPlan(
+        model=name,
+        budget_bytes=budget,
+        weights_bytes=weights,
+        kv_bytes=int(full * n_ctx) + swa_bytes,
+        kv_bytes_per_token=full,
+        kv_swa_bytes=swa_bytes,
+        compute_bytes=shape.compute_bytes(ub),
+        compute_reserved_bytes=shape.compute_reserved_bytes(ub),
+        prefix_cache_bytes=prefix,
+        runtime_bytes=RUNTIME_OVERHEAD,
+        n_ctx=n_ctx,
+        kv_type=kv,
+        n_ubatch=ub,
+        n_batch=ub,
+        swa={"layers": sum(shape.swa_layers), "window": shape.swa_window, "cells": swa_cells} if shape.swa_window else {},
+    )
+
+
+def plan_llm(
+    info: GGUFInfo,
+    budget: int,
+    *,
+    name: str = "",
+    ctx: int | None = None,
+    kv_type: KVType | None = None,
+    n_ubatch: int | None = None,
+    prefix_cache_bytes: int | None = None,
+) -> MemoryPlan:
+    """The plan for running ``info`` within ``budget`` bytes; DoesNotFit if none exists."""
+    shape = LLMShape.from_gguf(info)
+    name = name or str(info.path)
+    prefix = default_prefix_cache_bytes(budget) if prefix_cache_bytes is None else prefix_cache_bytes
+    if ctx is not None:
+        if ctx < MIN_CTX:
+            raise BadInput(f"--ctx {ctx} is too small (at least {MIN_CTX})")
+        if shape.n_ctx_train and ctx > shape.n_ctx_train:
+            raise BadInput(f"--ctx {ctx} exceeds the model's training context {shape.n_ctx_train}")
+    if n_ubatch is not None and n_ubatch <= 0:
+        raise BadInput(f"--ubatch {n_ubatch} must be positive")
+    weights = info.tensor_bytes
+    floor = weights + RUNTIME_OVERHEAD
+    if floor > budget:
+        raise DoesNotFit(
+            f"{name}: the weights alone need {fmt_bytes(weights)} (+{fmt_bytes(RUNTIME_OVERHEAD)} runtime) but the budget is"
+            f" {fmt_bytes(budget)}: {fmt_bytes(floor - budget)} over; give --memory of at least {fmt_bytes(floor * 1.25)}"
+        )
+    desired = ctx or min(shape.n_ctx_train or DEFAULT_MAX_CTX, DEFAULT_MAX_CTX)
+    kvs = [kv_type] if kv_type else [KVType.F16, KVType.Q8_0]
+    ubs = [n_ubatch] if n_ubatch else list(UBATCH_CHOICES)
+    for ub in ubs:
+        for kv in kvs:
+            plan = _build(shape, name, weights, budget, desired, kv, ub, prefix)
+            if plan.fits:
+                return plan
+    # The desired context does not fit in any configuration: find the largest one that does.
+    smallest = _build(shape, name, weights, budget, MIN_CTX, kvs[-1], ubs[-1], prefix)
+    if not smallest.fits or ctx is not None:
+        best = _largest_ctx(shape, name, weights, budget, kvs[-1], ubs[-1], prefix, desired)
+        hint = f"the largest context that fits is {best}" if best else f"even {MIN_CTX} tokens do not fit"
+        need = _build(shape, name, weights, budget, desired, kvs[-1], ubs[-1], prefix).total_bytes
+        raise DoesNotFit(
+            f"{name}: {desired} tokens of context need {fmt_bytes(need)} but the budget is {fmt_bytes(budget)}"
+            f" ({fmt_bytes(need - budget)} over); {hint}"
+        )
+    best = _largest_ctx(shape, name, weights, budget, kvs[-1], ubs[0], prefix, desired)
+    ub = ubs[0]
+    if not best:
+        ub = ubs[-1]
+        best = _largest_ctx(shape, name, weights, budget, kvs[-1], ub, prefix, desired)
+    return _build(shape, name, weights, budget, best, kvs[-1], ub, prefix)
+
+
+def _largest_ctx(shape: LLMShape, name: str, weights: int, budget: int, kv: KVType, ub: int, prefix: int, limit: int) -> int:
+    best = 0
+    for n in range(MIN_CTX, limit + 1, CTX_PAD):
+        if _build(shape, name, weights, budget, n, kv, ub, prefix).fits:
+            best = n
+        else:
+            break
+    return best

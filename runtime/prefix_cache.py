@@ -1,0 +1,83 @@
+"""Saved KV states of prompt prefixes, bounded in bytes, least recently used out.
+
+The live KV cache already serves a request that extends the previous one. This
+cache serves the others: a system prompt or a document shared by requests that
+alternate with unrelated ones. Each entry is the backend's saved sequence state
+after a prompt was prefilled, keyed by that prompt's tokens.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+
+def common_prefix(a: Sequence[int] | np.ndarray, b: Sequence[int] | np.ndarray) -> int:
+    """Length of the longest common prefix of two token sequences."""
+    n = min(len(a), len(b))
+    if n == 0:
+        return 0
+    x = np.asarray(a[:n], dtype=np.int64)
+    y = np.asarray(b[:n], dtype=np.int64)
+    diff = np.flatnonzero(x != y)
+    return int(diff[0]) if diff.size else n
+
+
+@dataclass(frozen=True)
+class Entry:
+    tokens: tuple[int, ...]
+    state: bytes
+
+
+class PrefixCache:
+    def __init__(self, capacity_bytes: int) -> None:
+        if capacity_bytes < 0:
+            raise ValueError("capacity_bytes must be >= 0")
+        self.capacity_bytes = capacity_bytes
+        self._entries: OrderedDict[tuple[int, ...], Entry] = OrderedDict()
+        self.bytes = 0
+        self.hits = 0
+        self.misses = 0
+        self.evictions = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def best(self, tokens: Sequence[int]) -> tuple[Entry | None, int]:
+        """The entry sharing the longest prefix with ``tokens``, and that length."""
+        best, best_len = None, 0
+        for entry in self._entries.values():
+            n = common_prefix(entry.tokens, tokens)
+            if n > best_len:
+                best, best_len = entry, n
+        if best is not None:
+            self._entries.move_to_end(best.tokens)
+        return best, best_len
+
+    def put(self, tokens: Sequence[int], state: bytes) -> bool:
+        key = tuple(tokens)
+        if len(state) > self.capacity_bytes:
+            return False
+        old = self._entries.pop(key, None)
+        if old is not None:
+            self.bytes -= len(old.state)
+        while self._entries and self.bytes + len(state) > self.capacity_bytes:
+            _, evicted = self._entries.popitem(last=False)
+            self.bytes -= len(evicted.state)
+            self.evictions += 1
+        self._entries[key] = Entry(key, state)
+        self.bytes += len(state)
+        return True
+
+    def stats(self) -> dict[str, int]:
+        return {
+            "hits": self.hits,
+            "misses": self.misses,
+            "entries": len(self._entries),
+            "bytes": self.bytes,
+            "capacity_bytes": self.capacity_bytes,
+            "evictions": self.evictions,
+        }
