@@ -1,0 +1,44 @@
+"""``edgerun run MODEL --prompt TEXT``: generate once, streaming to the terminal."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from runtime.cli.common import add_load_arguments, add_sampling_arguments, load, print_json, sampling
+from runtime.loader import placement_dict
+
+HELP = "generate text from a prompt (streams; --json for one machine-readable object)"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_load_arguments(parser)
+    parser.add_argument("--prompt", required=True, help="the text to continue (use 'edgerun chat' for a conversation)")
+    parser.add_argument("--chat", action="store_true", help="wrap the prompt as one user message in the model's chat template")
+    add_sampling_arguments(parser)
+
+
+def main(args: argparse.Namespace) -> int:
+    with load(args) as llm:
+        params = sampling(llm, args)
+        if args.chat:
+            gen = llm.chat([{"role": "user", "content": args.prompt}], params)
+        else:
+            gen = llm.stream(args.prompt, params)
+        for piece in gen:
+            if not args.json:
+                sys.stdout.write(piece)
+                sys.stdout.flush()
+        result = gen.result
+        assert result is not None
+        if args.json:
+            data = result.to_dict()
+            data["model"] = llm.model.manifest.ref
+            data["plan"] = llm.plan.to_dict()
+            data["placement"] = placement_dict(llm.placement)
+            print_json(data)
+        else:
+            sys.stdout.write("\n")
+            for t in result.truncations:
+                print(f"edgerun: context truncated ({t.kind}): {t.tokens_dropped} tokens dropped", file=sys.stderr)
+    return 0

@@ -1,0 +1,126 @@
+"""The GGUF reader rejects hostile and damaged files before llama.cpp sees them."""
+
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+
+import pytest
+
+from runtime.cli import main as cli
+from runtime.errors import BadInput
+from runtime.gguf_file import read_gguf
+from tests.ggufgen import patch, write_tiny
+
+
+@pytest.fixture
+def tiny(tmp_path: Path) -> Path:
+    return write_tiny(tmp_path / "tiny.gguf")
+
+
+def test_reads_a_valid_file(tiny: Path) -> None:
+    info = read_gguf(tiny)
+    assert info.version == 3
+    assert info.architecture == "llama"
+    assert info.n_vocab == 32
+    assert [t.name for t in info.tensors] == ["token_embd.weight", "blk.0.attn_q.weight", "blk.1.attn_q.weight"]
+    assert info.tensor_bytes == (32 * 64 + 2 * 64 * 64) * 4  # f32
+    assert info.arch_value("attention.head_count_kv") == 2
+
+
+def _first_kv_type_offset(path: Path) -> int:
+    # first KV: u64 key length, key bytes, u32 type
+    data = path.read_bytes()
+    (klen,) = struct.unpack_from("<Q", data, 24)
+    return 24 + 8 + klen
+
+
+def _cut(path: Path, n: int) -> None:
+    path.write_bytes(path.read_bytes()[:n])
+
+
+def _tensor_info_start(path: Path) -> int:
+    """Offset of the first tensor info: walk the KVs with the reader's own rules."""
+    info = read_gguf(path)
+    data = path.read_bytes()
+    name = info.tensors[0].name.encode()
+    return data.index(struct.pack("<Q", len(name)) + name)
+
+
+# Each case: how to damage the file, and a fragment the one-line error must contain.
+HOSTILE = [
+    # Not a GGUF at all: another format's magic (a safetensors/zip/ELF file renamed).
+    ("bad magic", lambda p: patch(p, 0, "<4s", b"GGML"), "magic"),
+    # GGUF v1 had 32-bit counts; llama.cpp no longer reads it.
+    ("version 1", lambda p: patch(p, 4, "<I", 1), "unsupported GGUF version 1"),
+    # A future version we cannot know the layout of.
+    ("version 99", lambda p: patch(p, 4, "<I", 99), "unsupported GGUF version 99"),
+    # A count that would make a naive reader allocate for ever.
+    ("absurd tensor count", lambda p: patch(p, 8, "<Q", 1 << 62), "tensor count"),
+    ("absurd KV count", lambda p: patch(p, 16, "<Q", 1 << 40), "metadata count"),
+    # Counts that are plausible but cannot fit in the file's size.
+    ("KV count beyond file", lambda p: patch(p, 16, "<Q", 60000), "cannot fit"),
+    # A string whose length runs past the end of the file.
+    ("huge key length", lambda p: patch(p, 24, "<Q", 1 << 50), "bytes long"),
+    # An unknown value type tag.
+    ("bad value type", lambda p: patch(p, _first_kv_type_offset(p), "<I", 77), "unknown value type"),
+    # Cut inside the metadata: a partial copy.
+    ("truncated header", lambda p: _cut(p, _tensor_info_start(p) - 5), "truncated"),
+    # So short that the declared counts alone cannot fit.
+    ("counts exceed size", lambda p: _cut(p, 40), "cannot fit"),
+    # Cut inside the tensor data: the classic interrupted download.
+    ("truncated tensor data", lambda p: _cut(p, p.stat().st_size - 100), "truncated GGUF"),
+    # Shorter than the fixed header.
+    ("tiny file", lambda p: _cut(p, 10), "shorter than a GGUF header"),
+    # An empty file.
+    ("empty file", lambda p: _cut(p, 0), "shorter than a GGUF header"),
+    # A tensor with an impossible number of dimensions.
+    ("too many dims", lambda p: patch(p, _tensor_info_start(p) + 8 + len(b"token_embd.weight"), "<I", 9), "dimensions"),
+    # A tensor with a ggml type that does not exist.
+    ("bad tensor type", lambda p: patch(p, _tensor_info_start(p) + 8 + 17 + 4 + 16, "<I", 250), "unknown type 250"),
+    # A tensor offset that is not aligned (data would be read at the wrong place).
+    ("unaligned offset", lambda p: patch(p, _tensor_info_start(p) + 8 + 17 + 4 + 16 + 4, "<Q", 3), "not aligned"),
+]
+
+
+@pytest.mark.parametrize("damage, fragment", [(d, f) for _, d, f in HOSTILE], ids=[c[0] for c in HOSTILE])
+def test_hostile_files_are_rejected_with_one_line(tiny: Path, damage, fragment: str, capsys) -> None:
+    damage(tiny)
+    with pytest.raises(BadInput) as err:
+        read_gguf(tiny)
+    assert fragment in str(err.value)
+    assert "\n" not in str(err.value)
+    # The CLI turns it into exit 2 and one line on stderr, no traceback.
+    code = cli(["inspect", str(tiny)])
+    captured = capsys.readouterr()
+    assert code == 2
+    assert captured.err.count("\n") == 1 and captured.err.startswith("edgerun: ")
+    assert "Traceback" not in captured.err
+
+
+def test_duplicate_key_is_rejected(tmp_path: Path) -> None:
+    path = write_tiny(tmp_path / "dup.gguf", extra={"general.name": "a"})
+    data = path.read_bytes()
+    # Rename the second key to the first one's name (same length: both are 'general.*').
+    first = b"general.architecture"
+    target = b"general.name"
+    i = data.rindex(struct.pack("<Q", len(target)) + target)
+    forged = data[:i] + struct.pack("<Q", len(first)) + first + data[i + 8 + len(target):]
+    path.write_bytes(forged)
+    with pytest.raises(BadInput, match="duplicate metadata key|truncated|not valid"):
+        read_gguf(path)
+
+
+def test_duplicate_tensor_is_rejected(tmp_path: Path) -> None:
+    path = write_tiny(tmp_path / "dupt.gguf")
+    data = path.read_bytes().replace(b"blk.1.attn_q.weight", b"blk.0.attn_q.weight")
+    path.write_bytes(data)
+    with pytest.raises(BadInput, match="duplicate tensor 'blk.0.attn_q.weight'"):
+        read_gguf(path)
+
+
+def test_missing_and_directory_paths(tmp_path: Path) -> None:
+    with pytest.raises(BadInput, match="no such file"):
+        read_gguf(tmp_path / "nope.gguf")
+    with pytest.raises(BadInput, match="not a regular file"):
+        read_gguf(tmp_path)
