@@ -253,7 +253,7 @@ def _extract_transport(path: Path, staging: Path) -> Manifest:
             check_version(manifest.version)
             expected = {f.path: f for f in manifest.files}
             seen: set[str] = set()
-            for member in tar:
+            while (member := tar.next()) is not None:
                 entry = expected.get(member.name)
                 if entry is None or not member.isfile():
                     raise BadInput(f"{path}: unexpected member {member.name!r} (the manifest lists: {', '.join(expected)})")
