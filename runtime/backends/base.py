@@ -32,7 +32,7 @@ class Backend(abc.ABC):
 
 class LLMBackend(Backend):
     n_ctx: int  # KV cells available
-    n_layers_offloaded: int = 0
+    gpu_offload: bool = False  # whether layers can live on a GPU in this build
 
     @abc.abstractmethod
     def tokenize(self, text: str, *, add_bos: bool, special: bool) -> list[int]: ...

@@ -37,7 +37,7 @@ def gpu_offload_supported() -> bool:
 class LlamaCppBackend(LLMBackend):
     name = "llamacpp"
 
-    def __init__(self, path: Path, plan: MemoryPlan, *, threads: int, gpu_layers: int = 0) -> None:
+    def __init__(self, path: Path, plan: MemoryPlan, *, threads: int, gpu_layers: int = 0, native_log: bool = False) -> None:
         try:
             self._llm = Llama(
                 str(path),
@@ -53,7 +53,7 @@ class LlamaCppBackend(LLMBackend):
                 type_k=plan.kv_type.ggml_type,
                 type_v=plan.kv_type.ggml_type,
                 last_n_tokens_size=REPEAT_LAST_N,
-                verbose=False,
+                verbose=native_log,  # llama.cpp's own log (buffer sizes) on stderr
             )
         except (ValueError, RuntimeError) as exc:
             raise BackendError(f"llama.cpp could not load {path}: {exc}") from None
@@ -61,7 +61,7 @@ class LlamaCppBackend(LLMBackend):
         self._vocab = self._llm._model.vocab
         self._mem = llama_cpp.llama_get_memory(self._ctx.ctx)
         self.n_ctx = self._llm.n_ctx()
-        self.n_layers_offloaded = gpu_layers
+        self.gpu_offload = gpu_offload_supported()
         self._piece = ctypes.create_string_buffer(256)
 
     def close(self) -> None:

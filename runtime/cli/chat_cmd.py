@@ -22,6 +22,7 @@ def main(args: argparse.Namespace) -> int:
     with load(args) as llm:
         params = sampling(llm, args)
         session = ChatSession(llm, args.system, params)
+        print(f"edgerun: {llm.placement.summary()}", file=sys.stderr)
         if interactive:
             print(f"{llm.model.manifest.ref}: {llm.n_ctx}-token context. /reset starts over, /quit or Ctrl-D ends.", file=sys.stderr)
         while True:

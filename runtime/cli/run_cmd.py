@@ -6,7 +6,6 @@ import argparse
 import sys
 
 from runtime.cli.common import add_load_arguments, add_sampling_arguments, load, print_json, sampling
-from runtime.loader import placement_dict
 
 HELP = "generate text from a prompt (streams; --json for one machine-readable object)"
 
@@ -21,6 +20,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     with load(args) as llm:
         params = sampling(llm, args)
+        if not args.json:
+            print(f"edgerun: {llm.placement.summary()}", file=sys.stderr)
         if args.chat:
             gen = llm.chat([{"role": "user", "content": args.prompt}], params)
         else:
@@ -35,7 +36,7 @@ def main(args: argparse.Namespace) -> int:
             data = result.to_dict()
             data["model"] = llm.model.manifest.ref
             data["plan"] = llm.plan.to_dict()
-            data["placement"] = placement_dict(llm.placement)
+            data["placement"] = llm.placement.to_dict()
             print_json(data)
         else:
             sys.stdout.write("\n")

