@@ -106,19 +106,11 @@ class KVSequence:
             return 0
         self.backend.shift(resume, -1, start - resume)
         self.tokens = old[:start] + old[resume : resume + run]
-        if not self._truncate_after_shift(start + run, resume + run, start - resume):
+        if not self._truncate(start + run):
             return 0
         self.cache.hits += 1
         log.info("reused %d cached tokens after a gap of %d", start + run, resume - start)
         return start + run
-
-    def _truncate_after_shift(self, n: int, old_end: int, delta: int) -> bool:
-        # Cells beyond the reused run now sit at positions >= n (shifted by delta).
-        if self.backend.remove(n, -1):
-            del self.tokens[n:]
-            return True
-        self.clear()
-        return False
 
     def append(self, tokens: Sequence[int]) -> None:
         if not tokens:
@@ -131,7 +123,10 @@ class KVSequence:
     def save_prefix(self) -> None:
         """Remember the current cache contents in the prefix cache."""
         if self.cache.capacity_bytes and len(self.tokens) >= MIN_REUSE:
-            self.cache.put(self.tokens, self.backend.save_state())
+            # Ask the size first and evict before copying: the bound holds at every moment,
+            # and a state larger than the whole cache is never copied out.
+            if self.cache.make_room(self.backend.state_size(), self.tokens):
+                self.cache.put(self.tokens, self.backend.save_state())
 
     def shift(self, n_keep: int, n_discard: int) -> int:
         """Drop ``n_discard`` tokens after the first ``n_keep``; return how many were dropped."""

@@ -16,7 +16,13 @@ memory (what RSS measures), because that is what runs out on a small device:
   the rows we ask for are ever touched; the reservation is reported as
   ``compute_reserved`` and not counted against the budget;
 * ``prefix_cache``: the byte bound of saved prefix states;
-* ``runtime``: the Python interpreter, numpy and libllama themselves.
+* ``runtime``: the Python interpreter, numpy and libllama themselves, plus
+  llama.cpp's fixed per-context allocations;
+* ``vocab``: tokenizer tables, about 128 bytes per vocabulary entry (llama.cpp's
+  vocabulary plus llama-cpp-python's candidate array).
+
+The two constants were fitted on x86_64 from SmolLM2 (49k vocabulary) and
+Gemma 3 (262k) at 2k and 8k context; bench/llm.py measures the plan's error.
 
 The planner picks the context size, KV type and micro-batch: the desired
 context (``--ctx``, else the training context capped at 8192) with an f16 KV
@@ -35,7 +41,8 @@ from runtime.errors import BadInput, DoesNotFit
 from runtime.gguf_file import GGUFInfo
 from runtime.units import fmt_bytes
 
-RUNTIME_OVERHEAD = 48 << 20  # interpreter + numpy + libllama, measured on x86_64 (see bench/llm.py)
+RUNTIME_OVERHEAD = 64 << 20  # interpreter + numpy + libllama + fixed context allocations (x86_64, see above)
+VOCAB_ENTRY_BYTES = 128
 DEFAULT_MAX_CTX = 8192
 MIN_CTX = 256
 CTX_PAD = 256  # llama.cpp pads n_ctx to 256 cells when flash attention is on
@@ -161,6 +168,7 @@ class MemoryPlan:
     compute_reserved_bytes: int
     prefix_cache_bytes: int
     runtime_bytes: int
+    vocab_bytes: int
     n_ctx: int
     kv_type: KVType
     n_ubatch: int
@@ -169,7 +177,8 @@ class MemoryPlan:
 
     @property
     def total_bytes(self) -> int:
-        return self.weights_bytes + self.kv_bytes + self.compute_bytes + self.prefix_cache_bytes + self.runtime_bytes
+        return (self.weights_bytes + self.kv_bytes + self.compute_bytes + self.prefix_cache_bytes + self.runtime_bytes
+                + self.vocab_bytes)
 
     @property
     def fits(self) -> bool:
@@ -190,6 +199,7 @@ class MemoryPlan:
             (f"compute ({self.n_ubatch}-token micro-batch)", self.compute_bytes),
             ("prefix cache (bound)", self.prefix_cache_bytes),
             ("runtime (python + libs)", self.runtime_bytes),
+            ("vocabulary tables", self.vocab_bytes),
             ("total", self.total_bytes),
             ("budget", self.budget_bytes),
         ]
@@ -229,6 +239,7 @@ def _build(shape: LLMShape, name: str, weights: int, budget: int, n_ctx: int, kv
         compute_reserved_bytes=shape.compute_reserved_bytes(ub),
         prefix_cache_bytes=prefix,
         runtime_bytes=RUNTIME_OVERHEAD,
+        vocab_bytes=shape.n_vocab * VOCAB_ENTRY_BYTES,
         n_ctx=n_ctx,
         kv_type=kv,
         n_ubatch=ub,
@@ -259,10 +270,10 @@ def plan_llm(
     if n_ubatch is not None and n_ubatch <= 0:
         raise BadInput(f"--ubatch {n_ubatch} must be positive")
     weights = info.tensor_bytes
-    floor = weights + RUNTIME_OVERHEAD
+    floor = weights + RUNTIME_OVERHEAD + shape.n_vocab * VOCAB_ENTRY_BYTES
     if floor > budget:
         raise DoesNotFit(
-            f"{name}: the weights alone need {fmt_bytes(weights)} (+{fmt_bytes(RUNTIME_OVERHEAD)} runtime) but the budget is"
+            f"{name}: the weights alone need {fmt_bytes(weights)} (+{fmt_bytes(floor - weights)} runtime) but the budget is"
             f" {fmt_bytes(budget)}: {fmt_bytes(floor - budget)} over; give --memory of at least {fmt_bytes(floor * 1.25)}"
         )
     desired = ctx or min(shape.n_ctx_train or DEFAULT_MAX_CTX, DEFAULT_MAX_CTX)

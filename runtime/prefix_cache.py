@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -29,7 +30,7 @@ def common_prefix(a: Sequence[int] | np.ndarray, b: Sequence[int] | np.ndarray) 
 @dataclass(frozen=True)
 class Entry:
     tokens: tuple[int, ...]
-    state: bytes
+    state: Any  # bytes-like saved backend state; len() is its size in bytes
 
 
 class PrefixCache:
@@ -57,17 +58,27 @@ class PrefixCache:
             self._entries.move_to_end(best.tokens)
         return best, best_len
 
-    def put(self, tokens: Sequence[int], state: bytes) -> bool:
-        key = tuple(tokens)
-        if len(state) > self.capacity_bytes:
+    def make_room(self, size: int, tokens: Sequence[int] = ()) -> bool:
+        """Evict (LRU first) until ``size`` more bytes fit; False if they never can.
+
+        Called before a state is copied out of the backend, so that the cache and
+        the new copy together never exceed the bound, not even for a moment.
+        """
+        if size > self.capacity_bytes:
             return False
-        old = self._entries.pop(key, None)
+        old = self._entries.pop(tuple(tokens), None)
         if old is not None:
             self.bytes -= len(old.state)
-        while self._entries and self.bytes + len(state) > self.capacity_bytes:
+        while self._entries and self.bytes + size > self.capacity_bytes:
             _, evicted = self._entries.popitem(last=False)
             self.bytes -= len(evicted.state)
             self.evictions += 1
+        return True
+
+    def put(self, tokens: Sequence[int], state: Any) -> bool:
+        key = tuple(tokens)
+        if not self.make_room(len(state), key):
+            return False
         self._entries[key] = Entry(key, state)
         self.bytes += len(state)
         return True

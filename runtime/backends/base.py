@@ -70,11 +70,15 @@ class LLMBackend(Backend):
         """Sample from the last decoded token's logits (and record it for penalties)."""
 
     @abc.abstractmethod
-    def save_state(self) -> bytes:
-        """The KV state of the sequence, to restore with :meth:`load_state`."""
+    def state_size(self) -> int:
+        """Bytes that :meth:`save_state` would return now."""
 
     @abc.abstractmethod
-    def load_state(self, data: bytes) -> bool: ...
+    def save_state(self) -> Any:
+        """The KV state of the sequence (a bytes-like object), to restore with :meth:`load_state`."""
+
+    @abc.abstractmethod
+    def load_state(self, data: Any) -> bool: ...
 
     @abc.abstractmethod
     def clear(self) -> None: ...

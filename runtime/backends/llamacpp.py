@@ -104,16 +104,21 @@ class LlamaCppBackend(LLMBackend):
         llama_cpp.llama_memory_clear(self._mem, True)
         self._llm.n_tokens = 0
 
-    def save_state(self) -> bytes:
-        size = llama_cpp.llama_state_seq_get_size(self._ctx.ctx, 0)
+    def state_size(self) -> int:
+        return int(llama_cpp.llama_state_seq_get_size(self._ctx.ctx, 0))
+
+    def save_state(self) -> Any:
+        # The ctypes array itself is kept (no second copy); len() of it is its size in bytes.
+        size = self.state_size()
         buf = (ctypes.c_uint8 * size)()
         n = llama_cpp.llama_state_seq_get_data(self._ctx.ctx, buf, size, 0)
-        return bytes(buf[:n])
+        if n != size:
+            raise BackendError(f"llama.cpp saved {n} of {size} state bytes")
+        return buf
 
-    def load_state(self, data: bytes) -> bool:
-        buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
+    def load_state(self, data: Any) -> bool:
         self.clear()
-        return llama_cpp.llama_state_seq_set_data(self._ctx.ctx, buf, len(data), 0) > 0
+        return llama_cpp.llama_state_seq_set_data(self._ctx.ctx, data, len(data), 0) > 0
 
     # -- sampling -----------------------------------------------------------------
     def new_sampler(self, params: SamplingParams) -> Any:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from runtime.errors import BadInput
 from runtime.cli.common import add_load_arguments, add_sampling_arguments, load, print_json, sampling
 
 HELP = "generate text from a prompt (streams; --json for one machine-readable object)"
@@ -18,6 +19,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    if not args.prompt:
+        raise BadInput("--prompt is empty: give some text to continue")
     with load(args) as llm:
         params = sampling(llm, args)
         if not args.json:
