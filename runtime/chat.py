@@ -76,7 +76,10 @@ def start_chat(llm: LLM, messages: list[dict[str, str]], params: SamplingParams)
     room = max(1, min(params.max_tokens, llm.n_ctx // 4))
     dropped_msgs = dropped_tokens = 0
     tokens = _tokens(llm, template, system + rest)
-    while len(tokens) + room > llm.n_ctx and len(rest) > 1:
+    # Once turns must go, free a quarter of the context more than needed, so that the
+    # next few turns fit without another drop (each drop costs a cache shift).
+    limit = llm.n_ctx if len(tokens) + room <= llm.n_ctx else llm.n_ctx - llm.n_ctx // 4
+    while len(tokens) + room > limit and len(rest) > 1:
         # Drop the oldest exchange: messages up to the next user message.
         cut = 1
         while cut < len(rest) - 1 and rest[cut]["role"] != "user":
@@ -146,6 +149,14 @@ class _Recording:
         return self.gen.result
 
     def _record(self) -> None:
-        if self.gen.result is not None and (not self.session.messages or self.session.messages[-1]["role"] == "user"):
-            self.session.messages.append({"role": "assistant", "content": self.gen.result.text})
-            self.session.truncations += len(self.gen.result.truncations)
+        result, messages = self.gen.result, self.session.messages
+        if result is None or not messages or messages[-1]["role"] != "user":
+            return
+        messages.append({"role": "assistant", "content": result.text})
+        self.session.truncations += len(result.truncations)
+        # Messages that left the context leave the session too: the next turn starts
+        # from what the model actually saw, and history does not grow without bound.
+        dropped = sum(t.messages_dropped for t in result.truncations)
+        if dropped:
+            first = 1 if messages[0]["role"] == "system" else 0
+            del messages[first : first + dropped]

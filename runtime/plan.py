@@ -21,7 +21,8 @@ memory (what RSS measures), because that is what runs out on a small device:
 * ``vocab``: tokenizer tables, about 128 bytes per vocabulary entry (llama.cpp's
   vocabulary plus llama-cpp-python's candidate array).
 
-The two constants were fitted on x86_64 from SmolLM2 (49k vocabulary) and
+A plan fits when its total plus a reserve of 5 % of the budget is within the
+budget. The two constants were fitted on x86_64 from SmolLM2 (49k vocabulary) and
 Gemma 3 (262k) at 2k and 8k context; bench/llm.py measures the plan's error.
 
 The planner picks the context size, KV type and micro-batch: the desired
@@ -41,7 +42,8 @@ from runtime.errors import BadInput, DoesNotFit
 from runtime.gguf_file import GGUFInfo
 from runtime.units import fmt_bytes
 
-RUNTIME_OVERHEAD = 64 << 20  # interpreter + numpy + libllama + fixed context allocations (x86_64, see above)
+RUNTIME_OVERHEAD = 80 << 20  # interpreter + numpy + libllama + jinja2 + fixed context allocations (x86_64, see above)
+RESERVE_FRACTION = 0.05  # of the budget, kept free for what the terms do not model (allocator slack, page tables)
 VOCAB_ENTRY_BYTES = 128
 DEFAULT_MAX_CTX = 8192
 MIN_CTX = 256
@@ -181,15 +183,20 @@ class MemoryPlan:
                 + self.vocab_bytes)
 
     @property
+    def reserve_bytes(self) -> int:
+        return int(self.budget_bytes * RESERVE_FRACTION)
+
+    @property
     def fits(self) -> bool:
-        return self.total_bytes <= self.budget_bytes
+        return self.total_bytes + self.reserve_bytes <= self.budget_bytes
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["kv_type"] = self.kv_type.value
         data["total_bytes"] = self.total_bytes
+        data["reserve_bytes"] = self.reserve_bytes
         data["fits"] = self.fits
-        data["headroom_bytes"] = self.budget_bytes - self.total_bytes
+        data["headroom_bytes"] = self.budget_bytes - self.total_bytes - self.reserve_bytes
         return data
 
     def table(self) -> str:
@@ -201,13 +208,15 @@ class MemoryPlan:
             ("runtime (python + libs)", self.runtime_bytes),
             ("vocabulary tables", self.vocab_bytes),
             ("total", self.total_bytes),
+            ("reserve (5% of budget)", self.reserve_bytes),
             ("budget", self.budget_bytes),
         ]
         lines = [f"plan for {self.model}"]
         lines += [f"  {name:<38} {fmt_bytes(value):>11}" for name, value in rows]
         if self.swa:
             lines.append(f"  sliding window: {self.swa['layers']} layers x {self.swa['cells']} cells (window {self.swa['window']})")
-        lines.append(f"  fits: {'yes' if self.fits else 'no'} (headroom {fmt_bytes(self.budget_bytes - self.total_bytes)});"
+        headroom = self.budget_bytes - self.total_bytes - self.reserve_bytes
+        lines.append(f"  fits: {'yes' if self.fits else 'no'} (headroom {fmt_bytes(headroom)});"
                      f" compute address space reserved: {fmt_bytes(self.compute_reserved_bytes)}")
         return "\n".join(lines)
 
@@ -271,10 +280,10 @@ def plan_llm(
         raise BadInput(f"--ubatch {n_ubatch} must be positive")
     weights = info.tensor_bytes
     floor = weights + RUNTIME_OVERHEAD + shape.n_vocab * VOCAB_ENTRY_BYTES
-    if floor > budget:
+    if floor > budget * (1 - RESERVE_FRACTION):
         raise DoesNotFit(
             f"{name}: the weights alone need {fmt_bytes(weights)} (+{fmt_bytes(floor - weights)} runtime) but the budget is"
-            f" {fmt_bytes(budget)}: {fmt_bytes(floor - budget)} over; give --memory of at least {fmt_bytes(floor * 1.25)}"
+            f" {fmt_bytes(budget)} less a {RESERVE_FRACTION:.0%} reserve: {fmt_bytes(floor - budget * (1 - RESERVE_FRACTION))} over; give --memory of at least {fmt_bytes(floor * 1.3)}"
         )
     desired = ctx or min(shape.n_ctx_train or DEFAULT_MAX_CTX, DEFAULT_MAX_CTX)
     kvs = [kv_type] if kv_type else [KVType.F16, KVType.Q8_0]
@@ -292,7 +301,7 @@ def plan_llm(
         need = _build(shape, name, weights, budget, desired, kvs[-1], ubs[-1], prefix).total_bytes
         raise DoesNotFit(
             f"{name}: {desired} tokens of context need {fmt_bytes(need)} but the budget is {fmt_bytes(budget)}"
-            f" ({fmt_bytes(need - budget)} over); {hint}"
+            f" less a {RESERVE_FRACTION:.0%} reserve ({fmt_bytes(need - budget * (1 - RESERVE_FRACTION))} over); {hint}"
         )
     best = _largest_ctx(shape, name, weights, budget, kvs[-1], ubs[0], prefix, desired)
     ub = ubs[0]

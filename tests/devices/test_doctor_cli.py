@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+import time
 
 import pytest
 
@@ -89,10 +90,15 @@ def test_serial_peer_applies_and_prints_results(make_cable, capsys):
     thread.start()
     stream = bytes(range(16))
     with SerialTransport(a.url) as port:
-        port.write(Frame(0, FrameType.HELLO, hello_payload(stream, 1)).encode())
-        port.write(Frame(1, FrameType.RESULT, b"accept").encode() + Frame(2, FrameType.RESULT, b"reject").encode())
+        frames = (
+            Frame(0, FrameType.HELLO, hello_payload(stream, 1)).encode()
+            + Frame(1, FrameType.RESULT, b"accept").encode()
+            + Frame(2, FrameType.RESULT, b"reject").encode()
+        )
         decoder, seen = FrameDecoder(), []
-        while thread.is_alive() or not seen:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            port.write(frames)  # resent like a real sender: the peer flushes its input when it opens the tty
             seen += decoder.feed(port.read())
             if any(f.type is FrameType.ACK and f.seq == 2 for f in seen):
                 break

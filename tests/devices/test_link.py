@@ -81,12 +81,12 @@ def test_peer_that_lost_its_memory_resumes_from_hello(tmp_path, make_cable):
     with Journal(tmp_path / "j.db") as journal, ResultLink(LinkConfig(a.url), journal) as link:
         with ReferencePeer(b.url, None, on_apply=lambda r: applied.append(r.seq)) as peer:
             peer.start()
-            for i in range(20):
+            for _i in range(20):
                 link.submit(b"x")
             assert link.drain(10)
         with ReferencePeer(b.url, None, on_apply=lambda r: applied.append(r.seq)) as peer:
             peer.start()
-            for i in range(20):
+            for _i in range(20):
                 link.submit(b"y")
             assert link.drain(10)
     assert applied == list(range(1, 41))

@@ -14,7 +14,6 @@ import sys
 import pytest
 
 from devices.capabilities import Backend, BackendCaps, probe
-from devices.live import LiveState
 from devices.machine import detect
 from devices.placement import ALL_LAYERS, Offload, Target, resolve_placement
 from runtime.errors import BadInput, MissingDependency, PlacementError

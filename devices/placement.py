@@ -1,0 +1,234 @@
+"""Placement: resolve a requested target (cpu, gpu, npu, auto) to a concrete backend configuration.
+
+The resolution walks an explicit chain: the requested target, or for ``auto``
+the board profile's preferred targets, then the CPU. Every step that cannot be
+honoured adds one human line to ``Placement.fallback`` saying why and what it
+does instead, so a fallback is always reported, never silent. With
+``require_accelerator`` a chain that ends on the CPU raises
+:class:`~runtime.errors.PlacementError` carrying those lines instead.
+
+After the backend loads, the runtime attaches what actually happened
+(:class:`Offload`: llama.cpp layers offloaded, ORT nodes or LiteRT ops on the
+accelerator) with :meth:`Placement.loaded`, and prints :meth:`Placement.summary`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from devices.accelerators import AcceleratorKind
+from devices.capabilities import GPU_PROVIDERS, NPU_PROVIDERS, Backend, BackendCaps, probe
+from devices.machine import Machine, detect
+from devices.target import Target
+from runtime.errors import BadInput, MissingDependency, PlacementError
+
+__all__ = ["Offload", "Placement", "Target", "resolve_placement", "ALL_LAYERS"]
+
+# llama.cpp clamps n_gpu_layers to the model's layer count; this asks for "all" when
+# the count is not known yet.
+ALL_LAYERS = 999
+CUDA_KINDS = (AcceleratorKind.NVIDIA_GPU, AcceleratorKind.JETSON_GPU)
+EDGETPU_KINDS = (AcceleratorKind.EDGETPU_USB, AcceleratorKind.EDGETPU_PCIE)
+CUDA_BUILD = "build with CMAKE_ARGS=-DGGML_CUDA=on pip install --force-reinstall --no-cache-dir llama-cpp-python==0.3.36"
+EDGETPU_RUNTIME = "install the Edge TPU runtime: apt-get install libedgetpu1-std (from the Coral apt repository)"
+
+
+@dataclass(frozen=True)
+class Offload:
+    """What the loaded backend actually put where, in the backend's own unit."""
+
+    unit: str  # "layers" (llama.cpp), "nodes" (ORT), "ops" (LiteRT)
+    on_accelerator: int
+    total: int
+
+    def to_dict(self) -> dict[str, object]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class Placement:
+    backend: str  # "llamacpp" | "litert" | "ort" | "null"
+    requested: Target
+    target: Target  # what it resolved to: cpu, gpu or npu
+    device: str  # "cpu", "cuda:0", "edgetpu:usb", "npu"
+    threads: int  # CPU threads for the backend (llama.cpp n_threads, LiteRT/ORT intra-op)
+    gpu_layers: int  # llama.cpp n_gpu_layers; 0 on CPU
+    delegate: str | None  # LiteRT delegate library, None for the built-in CPU (XNNPACK) path
+    providers: tuple[str, ...]  # ORT execution providers, in order; () for other backends
+    fallback: tuple[str, ...]  # one line per fallback step, empty when the request was honoured
+    notes: tuple[str, ...] = ()  # other decisions worth reporting (threads reduced for load)
+    offload: Offload | None = None  # filled in after load by the runtime
+
+    @property
+    def fell_back(self) -> bool:
+        return bool(self.fallback)
+
+    def loaded(self, offload: Offload) -> "Placement":
+        return dataclasses.replace(self, offload=offload)
+
+    def summary(self) -> str:
+        parts = [f"{self.backend} on {self.device}", f"{self.threads} thread{'s' if self.threads != 1 else ''}"]
+        if self.backend == Backend.LLAMACPP.value and self.target is Target.GPU:
+            parts.append(f"gpu_layers={self.gpu_layers}")
+        if self.delegate:
+            parts.append(f"delegate {self.delegate}")
+        if self.providers:
+            parts.append("providers " + ",".join(self.providers))
+        if self.offload:
+            parts.append(f"{self.offload.on_accelerator}/{self.offload.total} {self.offload.unit} on the accelerator")
+        line = "placement: " + ", ".join(parts) + f" (requested {self.requested.value})"
+        if self.fallback:
+            line += "; fallback: " + " | ".join(self.fallback)
+        if self.notes:
+            line += "; " + " | ".join(self.notes)
+        return line
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "backend": self.backend,
+            "requested": self.requested.value,
+            "target": self.target.value,
+            "device": self.device,
+            "threads": self.threads,
+            "gpu_layers": self.gpu_layers,
+            "delegate": self.delegate,
+            "providers": list(self.providers),
+            "fallback": list(self.fallback),
+            "notes": list(self.notes),
+            "offload": self.offload.to_dict() if self.offload else None,
+        }
+
+
+@dataclass(frozen=True)
+class _Step:
+    device: str
+    gpu_layers: int = 0
+    delegate: str | None = None
+    providers: tuple[str, ...] = ()
+
+
+def resolve_placement(
+    backend: str,
+    target: Target | str = "auto",
+    *,
+    require_accelerator: bool = False,
+    threads: int | None = None,
+    n_layers: int | None = None,
+    machine: Machine | None = None,
+    caps: BackendCaps | None = None,
+) -> Placement:
+    """Resolve ``target`` for ``backend`` on ``machine`` (default: this one) with ``caps`` (default: probed now)."""
+    kind = Backend.parse(backend)
+    requested = Target.parse(target)
+    if require_accelerator and requested is Target.CPU:
+        raise BadInput("--require-accelerator contradicts --target cpu; use --target gpu, npu or auto")
+    if threads is not None and (not isinstance(threads, int) or isinstance(threads, bool) or threads < 1):
+        raise BadInput(f"threads={threads!r} is invalid; give a positive integer")
+    if n_layers is not None and (not isinstance(n_layers, int) or n_layers < 0):
+        raise BadInput(f"n_layers={n_layers!r} is invalid; give the model's layer count (>= 0)")
+    machine = machine or detect("/")
+    caps = caps or probe(kind)
+    if not caps.installed:
+        why = f" ({caps.error})" if caps.error else ""
+        raise MissingDependency(f"the {kind.value} backend's package {caps.module!r} cannot be imported{why}; install it with: {caps.install}")
+
+    chain = [requested] if requested is not Target.AUTO else [t for t in machine.profile.preferred_targets if t is not Target.CPU]
+    fallback: list[str] = []
+    failures: list[tuple[Target, str]] = []
+    chosen: tuple[Target, _Step] | None = None
+    for step_target in chain:
+        step, reason = _try(kind, step_target, machine, caps, n_layers)
+        if step is not None:
+            chosen = (step_target, step)
+            break
+        failures.append((step_target, reason))
+    for i, (failed, reason) in enumerate(failures):
+        then = "using cpu" if chosen is None and i == len(failures) - 1 else f"trying {(failures[i + 1][0] if i + 1 < len(failures) else chosen[0]).value}"
+        label = "requested" if requested is not Target.AUTO else "(auto)"
+        fallback.append(f"{failed.value} {label}: {reason}; {then}")
+    if chosen is None:
+        if require_accelerator:
+            reasons = "; ".join(f"{t.value}: {r}" for t, r in failures) or "the profile prefers no accelerator"
+            raise PlacementError(f"--require-accelerator: {kind.value} would run on the CPU ({reasons})")
+        chosen = (Target.CPU, _Step(device="cpu", providers=("CPUExecutionProvider",) if kind is Backend.ORT else ()))
+    n_threads, notes = _threads(machine, threads)
+    resolved, step = chosen
+    return Placement(
+        backend=kind.value,
+        requested=requested,
+        target=resolved,
+        device=step.device,
+        threads=n_threads,
+        gpu_layers=step.gpu_layers,
+        delegate=step.delegate,
+        providers=step.providers,
+        fallback=tuple(fallback),
+        notes=tuple(notes),
+    )
+
+
+def _try(kind: Backend, target: Target, machine: Machine, caps: BackendCaps, n_layers: int | None) -> tuple[_Step | None, str]:
+    """A configuration for ``target``, or None and the reason in words."""
+    if target is Target.CPU:
+        return _Step(device="cpu"), ""
+    hardware = machine.accelerators_for(target)
+    if kind is Backend.NULL:
+        return None, "the null backend runs on the CPU only"
+    if kind is Backend.LLAMACPP:
+        if target is Target.NPU:
+            return None, "llama.cpp has no NPU backend"
+        cuda = [a for a in hardware if a.kind in CUDA_KINDS]
+        if not hardware:
+            extra = "" if caps.gpu else ", and llama.cpp in this install was built without GPU offload"
+            return None, f"this machine has no GPU{extra}"
+        if not caps.gpu:
+            return None, f"llama.cpp in this install was built without GPU offload ({CUDA_BUILD})"
+        device = "cuda:0" if cuda else f"gpu:0 ({hardware[0].name})"
+        return _Step(device=device, gpu_layers=n_layers + 1 if n_layers is not None else ALL_LAYERS), ""
+    if kind is Backend.LITERT:
+        if target is Target.GPU:
+            if not hardware:
+                return None, "this machine has no GPU"
+            if not caps.gpu:
+                return None, "the LiteRT GPU delegate (libtensorflowlite_gpu_delegate.so) is not installed"
+            return _Step(device="gpu:0", delegate="libtensorflowlite_gpu_delegate.so"), ""
+        tpus = [a for a in hardware if a.kind in EDGETPU_KINDS]
+        if not tpus:
+            other = ", ".join(a.name for a in hardware)
+            return None, f"LiteRT cannot drive {other}" if other else "this machine has no Edge TPU (or other NPU LiteRT can use)"
+        usable = [a for a in tpus if a.problem is None]
+        if not usable:
+            return None, tpus[0].problem or "the Edge TPU is not usable"
+        if not caps.npu:
+            return None, f"the Edge TPU is present but libedgetpu.so.1 does not load ({EDGETPU_RUNTIME})"
+        bus = "usb" if usable[0].kind is AcceleratorKind.EDGETPU_USB else "pci"
+        return _Step(device=f"edgetpu:{bus}", delegate="libedgetpu.so.1"), ""
+    # ONNX Runtime
+    wanted = GPU_PROVIDERS if target is Target.GPU else NPU_PROVIDERS
+    present = tuple(p for p in caps.providers if p in wanted)
+    if not hardware:
+        return None, f"this machine has no {target.value.upper()}"
+    if not present:
+        fix = "pip install onnxruntime-gpu for CUDAExecutionProvider" if target is Target.GPU else "pip install onnxruntime-openvino for OpenVINOExecutionProvider"
+        return None, f"onnxruntime here offers {', '.join(caps.providers) or 'no providers'}, none for the {target.value.upper()} ({fix})"
+    device = "cuda:0" if target is Target.GPU else hardware[0].kind.value
+    return _Step(device=device, providers=(*present, "CPUExecutionProvider")), ""
+
+
+def _threads(machine: Machine, requested: int | None) -> tuple[int, list[str]]:
+    """The profile's thread count, reduced when other work already occupies cores.
+
+    llama.cpp's worker threads spin while waiting for each other; when they share
+    cores with other busy processes, a thread that is descheduled stalls all the
+    others, and decode speed collapses rather than degrading gently. So we leave
+    the cores the 1-minute load average says are busy.
+    """
+    if requested is not None:
+        return requested, []
+    wanted = machine.profile_threads()
+    busy = int(machine.live.load_avg[0] + 0.5)
+    free = max(1, machine.usable_cpus - busy)
+    if free < wanted:
+        return free, [f"threads reduced from {wanted} to {free}: load average {machine.live.load_avg[0]:.2f} on {machine.usable_cpus} usable CPUs"]
+    return wanted, []
