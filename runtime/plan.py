@@ -49,7 +49,6 @@ DEFAULT_MAX_CTX = 8192
 MIN_CTX = 256
 CTX_PAD = 256  # llama.cpp pads n_ctx to 256 cells when flash attention is on
 UBATCH_CHOICES = (512, 256, 128, 64)
-DEFAULT_BUDGET_FRACTION = 0.5
 
 # Layers with sliding-window attention, by architecture: llama.cpp's own rules
 # (src/llama-model.cpp, set_swa_pattern), used when the GGUF does not carry
@@ -227,9 +226,10 @@ def default_prefix_cache_bytes(budget: int) -> int:
 
 
 def default_budget() -> int:
-    from devices.live import available_memory_bytes
+    """The board profile's fraction of available memory (cgroup limits included)."""
+    from devices.machine import detect
 
-    return int(available_memory_bytes() * DEFAULT_BUDGET_FRACTION)
+    return detect("/").memory_budget_bytes
 
 
 def _build(shape: LLMShape, name: str, weights: int, budget: int, n_ctx: int, kv: KVType, ub: int, prefix: int) -> MemoryPlan:

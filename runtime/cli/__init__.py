@@ -26,6 +26,8 @@ COMMANDS: dict[str, str] = {
     "remove": "runtime.cli.store_cmd",
     "rollback": "runtime.cli.store_cmd",
     "pack": "runtime.cli.store_cmd",
+    "convert": "converters.cli.convert_cmd",
+    "bench": "runtime.cli.bench_cmd",
     "doctor": "devices.cli.doctor_cmd",
     "serial-peer": "devices.cli.serial_peer_cmd",
 }

@@ -13,7 +13,7 @@ from runtime.units import parse_size
 
 def add_load_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model", help="bundle path, .gguf file, installed name[@version], or 'default'")
-    parser.add_argument("--memory", metavar="SIZE", help="memory budget, e.g. 512M or 1.5G (default: half of available RAM)")
+    parser.add_argument("--memory", metavar="SIZE", help="memory budget, e.g. 512M or 1.5G (default: the board profile's share of available RAM)")
     parser.add_argument("--ctx", type=int, metavar="N", help="context size in tokens (default: largest that fits, up to 8192)")
     parser.add_argument("--kv-type", choices=[k.value for k in KVType], help="KV cache type (default: f16 if it fits, else q8_0)")
     parser.add_argument("--threads", type=int, metavar="N", help="CPU threads (default: from the device and its load)")

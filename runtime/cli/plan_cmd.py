@@ -15,7 +15,7 @@ HELP = "show how a model would use a memory budget (refuses with exit 3 if it ca
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model", help="bundle path, .gguf file, installed name[@version], or 'default'")
-    parser.add_argument("--memory", metavar="SIZE", help="memory budget, e.g. 512M (default: half of available RAM)")
+    parser.add_argument("--memory", metavar="SIZE", help="memory budget, e.g. 512M (default: the board profile's share of available RAM)")
     parser.add_argument("--ctx", type=int, metavar="N", help="context size in tokens")
     parser.add_argument("--kv-type", choices=[k.value for k in KVType])
     parser.add_argument("--prefix-cache", metavar="SIZE", help="bytes of saved prompt prefixes")
