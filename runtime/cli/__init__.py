@@ -58,7 +58,13 @@ def main(argv: list[str] | None = None) -> int:
     if name not in COMMANDS:
         print(f"edgerun: unknown command {name!r}; valid commands: {', '.join(COMMANDS)}", file=sys.stderr)
         return 2
-    mod = importlib.import_module(COMMANDS[name])
+    try:
+        mod = importlib.import_module(COMMANDS[name])
+    except ModuleNotFoundError as exc:
+        if not (exc.name and COMMANDS[name].startswith(exc.name)):
+            raise
+        print(f"edgerun: the {name!r} command is not part of this install", file=sys.stderr)
+        return 4
     parser = argparse.ArgumentParser(prog=f"edgerun {name}", description=_help_line(name, COMMANDS[name]))
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress to stderr")
     if hasattr(mod, "add_command_arguments"):
