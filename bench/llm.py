@@ -43,12 +43,7 @@ def worker_speed(model: str, threads: int, engine: str) -> dict:
         tokens = llm.tokenize(_prompt(2000))[:PROMPT_TOKENS]
         params = llm.params(temperature=0.0, max_tokens=DECODE_TOKENS, repeat_penalty=1.0)
         if engine == "edgerun":
-            t0 = time.perf_counter()
-            gen = llm.stream(tokens, params)
-            times = []
-            for _ in gen:
-                times.append(time.perf_counter())
-            r = gen.result
+            r = llm.generate(tokens, params)
             load = os.getloadavg()[0]
             return {"prefill_tps": r.prefill_tps, "decode_tps": r.decode_tps, "ttft_ms": r.ttft_ms, "tokens_out": r.tokens_out, "load1": load}
         plan = llm.plan

@@ -137,6 +137,126 @@ class LLMSpec:
         )
 
 
+class Layout(str, enum.Enum):
+    NHWC = "nhwc"
+    NCHW = "nchw"
+
+
+class ColorOrder(str, enum.Enum):
+    RGB = "rgb"
+    BGR = "bgr"
+
+
+class ResizeMode(str, enum.Enum):
+    STRETCH = "stretch"  # resize the whole image to size x size, ignoring aspect
+    CENTER_CROP = "center-crop"  # shorter side to size / crop_fraction, then the central size x size
+
+
+TENSOR_DTYPES = ("float32", "int8", "uint8")
+
+
+def _floats(data: dict[str, Any], key: str, default: tuple[float, ...], where: str) -> tuple[float, ...]:
+    value = data.get(key, list(default))
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        value = [value]
+    if not isinstance(value, list) or not value or len(value) not in (1, 3) or not all(
+        isinstance(v, (int, float)) and not isinstance(v, bool) for v in value
+    ):
+        raise BadInput(f"{where}: {key} must be 1 or 3 numbers, got {value!r}"[:300])
+    return tuple(float(v) for v in value)
+
+
+@dataclass(frozen=True)
+class TensorQuant:
+    """dtype of a model input/output and, for integer tensors, real = scale * (q - zero_point)."""
+
+    dtype: str = "float32"
+    scale: float = 0.0  # 0 for float tensors
+    zero_point: int = 0
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str) -> TensorQuant:
+        if not isinstance(data, dict):
+            raise BadInput(f"{where} must be an object with dtype, scale, zero_point")
+        dtype = data.get("dtype", "float32")
+        if dtype not in TENSOR_DTYPES:
+            raise BadInput(f"{where}: dtype {dtype!r} is not valid (valid: {', '.join(TENSOR_DTYPES)})")
+        scale = data.get("scale", 0.0)
+        zp = data.get("zero_point", 0)
+        if not isinstance(scale, (int, float)) or isinstance(scale, bool) or scale < 0:
+            raise BadInput(f"{where}: scale {scale!r} must be a number >= 0")
+        if not isinstance(zp, int) or isinstance(zp, bool):
+            raise BadInput(f"{where}: zero_point {zp!r} must be an integer")
+        if dtype != "float32" and scale == 0:
+            raise BadInput(f"{where}: an {dtype} tensor needs a positive scale")
+        return cls(dtype, float(scale), zp)
+
+
+@dataclass(frozen=True)
+class VisionSpec:
+    """How the runtime turns an image into the model's input and its output into labels.
+
+    Normalization follows TFLite metadata: input = (pixel - mean) / std with pixels
+    in 0..255 and one value or one per channel (in ``color_order``).
+    """
+
+    size: int  # square input side, pixels
+    layout: Layout = Layout.NCHW
+    color_order: ColorOrder = ColorOrder.RGB
+    resize: ResizeMode = ResizeMode.CENTER_CROP
+    crop_fraction: float = 0.875  # CENTER_CROP: the crop is this fraction of the resized shorter side
+    mean: tuple[float, ...] = (0.0,)
+    std: tuple[float, ...] = (1.0,)
+    input: TensorQuant = field(default_factory=TensorQuant)
+    output: TensorQuant = field(default_factory=TensorQuant)
+    output_is_logits: bool = True  # softmax before reporting scores
+    labels: str | None = None  # bundle file (role "labels"), one label per line
+    quantization: str = ""  # the recipe: int8, int4w, fp16, float
+    arena_bytes: int = 0  # measured activation/tensor bytes at batch 1 (0: unknown)
+
+    @classmethod
+    def from_dict(cls, data: Any) -> VisionSpec:
+        where = "manifest vision"
+        if not isinstance(data, dict):
+            raise BadInput("manifest: field 'vision' must be an object")
+        size = _require(data, "size", int, where)
+        if not 8 <= size <= 4096:
+            raise BadInput(f"{where}: size {size} must be 8..4096 pixels")
+        std = _floats(data, "std", (1.0,), where)
+        if any(s <= 0 for s in std):
+            raise BadInput(f"{where}: std {list(std)} must be positive")
+        crop = data.get("crop_fraction", 0.875)
+        if not isinstance(crop, (int, float)) or isinstance(crop, bool) or not 0.1 <= crop <= 1.0:
+            raise BadInput(f"{where}: crop_fraction {crop!r} must be in 0.1..1.0")
+        labels = data.get("labels")
+        if labels is not None and (not isinstance(labels, str) or not FILE_RE.match(labels)):
+            raise BadInput(f"{where}: labels {labels!r} must be a bundle file name or null")
+        arena = data.get("arena_bytes", 0)
+        if not isinstance(arena, int) or isinstance(arena, bool) or arena < 0:
+            raise BadInput(f"{where}: arena_bytes {arena!r} must be an integer >= 0")
+        return cls(
+            size=size,
+            layout=_enum(Layout, data.get("layout", "nchw"), "vision layout"),
+            color_order=_enum(ColorOrder, data.get("color_order", "rgb"), "vision color_order"),
+            resize=_enum(ResizeMode, data.get("resize", "center-crop"), "vision resize"),
+            crop_fraction=float(crop),
+            mean=_floats(data, "mean", (0.0,), where),
+            std=std,
+            input=TensorQuant.from_dict(data.get("input", {}), f"{where} input"),
+            output=TensorQuant.from_dict(data.get("output", {}), f"{where} output"),
+            output_is_logits=bool(data.get("output_is_logits", True)),
+            labels=labels,
+            quantization=str(data.get("quantization", "")),
+            arena_bytes=arena,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data.update(layout=self.layout.value, color_order=self.color_order.value, resize=self.resize.value,
+                    mean=list(self.mean), std=list(self.std))
+        return data
+
+
 @dataclass(frozen=True)
 class Manifest:
     kind: ModelKind
@@ -147,6 +267,7 @@ class Manifest:
     files: tuple[FileEntry, ...]
     license: str = "unknown"
     llm: LLMSpec | None = None
+    vision: VisionSpec | None = None
     source: dict[str, Any] = field(default_factory=dict)
     reports: dict[str, Any] = field(default_factory=dict)  # conversion quality reports travel here
     schema_version: int = SCHEMA_VERSION
@@ -177,6 +298,8 @@ class Manifest:
         }
         if self.llm is not None:
             data["llm"] = asdict(self.llm)
+        if self.vision is not None:
+            data["vision"] = self.vision.to_dict()
         return data
 
     def to_json(self) -> bytes:
@@ -203,6 +326,11 @@ class Manifest:
         llm = LLMSpec.from_dict(data["llm"]) if "llm" in data else None
         if kind == ModelKind.LLM and llm is None:
             raise BadInput("manifest: kind 'llm' requires an 'llm' section (architecture, context_length)")
+        vision = VisionSpec.from_dict(data["vision"]) if "vision" in data else None
+        if kind == ModelKind.VISION and vision is None:
+            raise BadInput("manifest: kind 'vision' requires a 'vision' section (size, layout, mean, std, ...)")
+        if vision is not None and vision.labels is not None and vision.labels not in seen:
+            raise BadInput(f"manifest vision: labels file {vision.labels!r} is not among the bundle files {seen}")
         return cls(
             kind=kind,
             backend=_enum(BackendName, _require(data, "backend", str), "backend"),
@@ -212,6 +340,7 @@ class Manifest:
             files=files,
             license=str(data.get("license", "unknown")),
             llm=llm,
+            vision=vision,
             source=data.get("source", {}) if isinstance(data.get("source", {}), dict) else {},
             reports=data.get("reports", {}) if isinstance(data.get("reports", {}), dict) else {},
             schema_version=schema,

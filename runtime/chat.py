@@ -12,6 +12,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from runtime.errors import BadInput, missing
+from runtime.prefix_cache import common_prefix
 from runtime.sampling import SamplingParams
 
 if TYPE_CHECKING:
@@ -95,7 +96,7 @@ def start_chat(llm: LLM, messages: list[dict[str, str]], params: SamplingParams)
     n_keep = 0
     if system:
         head = _tokens(llm, template, system, add_generation_prompt=False)
-        n_keep = _common(head, tokens)
+        n_keep = common_prefix(head, tokens)
     return llm.start(tokens, params, n_keep=n_keep, truncations=truncations)
 
 
@@ -103,15 +104,6 @@ def _tokens(llm: LLM, template: ChatTemplate, messages: list[dict[str, str]], ad
     text = template.render(messages, add_generation_prompt)
     add_bos = not (template.bos and text.startswith(template.bos))
     return llm.backend.tokenize(text, add_bos=add_bos, special=True)
-
-
-def _common(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 class ChatSession:

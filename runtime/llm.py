@@ -23,7 +23,7 @@ from runtime.backends.base import LLMBackend
 from runtime.errors import BadInput
 from runtime.kv import KVSequence
 from runtime.metrics import peak_rss_bytes
-from runtime.plan import KVType, MemoryPlan, default_budget, plan_llm
+from runtime.plan import KVType, MemoryPlan, default_budget
 from runtime.prefix_cache import PrefixCache
 from runtime.resolve import ResolvedModel, resolve
 from runtime.sampling import SamplingParams

@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
+
+from runtime.errors import BadInput
 
 from runtime.sampling import SamplingParams
 
@@ -82,3 +85,57 @@ class LLMBackend(Backend):
 
     @abc.abstractmethod
     def clear(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """One model input or output as the native runtime reports it."""
+
+    name: str
+    shape: tuple[int, ...]  # -1 where the dimension is dynamic
+    dtype: str  # numpy dtype name: float32, int8, uint8
+    scale: float = 0.0  # integer tensors: real = scale * (q - zero_point)
+    zero_point: int = 0
+
+
+class ClassifierBackend(Backend):
+    """A one-input, one-output tensor model (LiteRT, ONNX Runtime).
+
+    :meth:`run` checks the batch against :attr:`input` and splits it when the
+    model cannot take the whole batch at once; a backend implements ``_run`` for
+    one call the model accepts and ``_resize`` when it can change the batch size.
+    """
+
+    input: TensorInfo
+    output: TensorInfo
+
+    def run(self, batch: Any) -> Any:
+        import numpy as np
+
+        want = self.input
+        if not isinstance(batch, np.ndarray) or batch.ndim != len(want.shape):
+            got = getattr(batch, "shape", type(batch).__name__)
+            raise BadInput(f"{self.name}: input must be an array of shape {want.shape}, got {got}")
+        if batch.dtype != np.dtype(want.dtype):
+            raise BadInput(f"{self.name}: input dtype is {batch.dtype}, the model takes {want.dtype}")
+        for axis, (n, m) in enumerate(zip(batch.shape[1:], want.shape[1:]), 1):
+            if m != -1 and n != m:
+                raise BadInput(f"{self.name}: input dimension {axis} is {n}, the model takes {m} (shape {want.shape})")
+        if len(batch) == 0:
+            raise BadInput(f"{self.name}: empty batch")
+        batch = np.ascontiguousarray(batch)
+        if self._resize(len(batch)):
+            return self._run(batch)
+        return np.concatenate([self._run(batch[i : i + 1]) for i in range(len(batch))])
+
+    @abc.abstractmethod
+    def _run(self, batch: Any) -> Any:
+        """One native call on a batch whose size the model currently accepts."""
+
+    def _resize(self, n: int) -> bool:
+        """Make the next ``_run`` take ``n`` rows; False when it cannot (rows then go one at a time)."""
+        return self.input.shape[0] in (-1, n)
+
+    @abc.abstractmethod
+    def offload(self) -> Any:
+        """:class:`devices.placement.Offload` (ops or nodes on the accelerator) after load."""

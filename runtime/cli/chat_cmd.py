@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from runtime.chat import ChatSession
-from runtime.cli.common import add_load_arguments, add_sampling_arguments, load, print_json, sampling
+from runtime.cli.common import add_load_arguments, add_sampling_arguments, emit, load, sampling
 
 HELP = "chat with a model interactively (one user turn per line; /reset, /quit)"
 
@@ -40,17 +40,5 @@ def main(args: argparse.Namespace) -> int:
                 continue
             if not text.strip():
                 continue
-            gen = session.send(text)
-            for piece in gen:
-                if not args.json:
-                    sys.stdout.write(piece)
-                    sys.stdout.flush()
-            result = gen.result
-            assert result is not None
-            if args.json:
-                print_json(result.to_dict())
-            else:
-                sys.stdout.write("\n")
-                for t in result.truncations:
-                    print(f"edgerun: context full ({t.kind}): {t.tokens_dropped} tokens, {t.messages_dropped} messages dropped", file=sys.stderr)
+            emit(session.send(text), args.json)
     return 0

@@ -69,3 +69,24 @@ def sampling(llm, args: argparse.Namespace):
 def print_json(data: Any) -> None:
     json.dump(data, sys.stdout, indent=2, default=str)
     sys.stdout.write("\n")
+
+
+def emit(gen, as_json: bool, extra: dict[str, Any] | None = None):
+    """Stream a generation's text to stdout (or, with --json, print one object at the end).
+
+    Truncations are reported on stderr in text mode and in the object in JSON mode.
+    """
+    for piece in gen:
+        if not as_json:
+            sys.stdout.write(piece)
+            sys.stdout.flush()
+    result = gen.result
+    assert result is not None
+    if as_json:
+        print_json({**result.to_dict(), **(extra or {})})
+    else:
+        sys.stdout.write("\n")
+        for t in result.truncations:
+            what = f"{t.tokens_dropped} tokens" + (f", {t.messages_dropped} messages" if t.messages_dropped else "")
+            print(f"edgerun: context full ({t.kind}): {what} dropped", file=sys.stderr)
+    return result

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from runtime.cli.common import add_load_arguments, add_sampling_arguments, emit, load, sampling
 from runtime.errors import BadInput
-from runtime.cli.common import add_load_arguments, add_sampling_arguments, load, print_json, sampling
 
 HELP = "run a model: text from a prompt (LLM, streams) or labels for --input files (vision/audio)"
 
@@ -34,20 +34,6 @@ def main(args: argparse.Namespace) -> int:
             gen = llm.chat([{"role": "user", "content": args.prompt}], params)
         else:
             gen = llm.stream(args.prompt, params)
-        for piece in gen:
-            if not args.json:
-                sys.stdout.write(piece)
-                sys.stdout.flush()
-        result = gen.result
-        assert result is not None
-        if args.json:
-            data = result.to_dict()
-            data["model"] = llm.model.manifest.ref
-            data["plan"] = llm.plan.to_dict()
-            data["placement"] = llm.placement.to_dict()
-            print_json(data)
-        else:
-            sys.stdout.write("\n")
-            for t in result.truncations:
-                print(f"edgerun: context truncated ({t.kind}): {t.tokens_dropped} tokens dropped", file=sys.stderr)
+        extra = {"model": llm.model.manifest.ref, "plan": llm.plan.to_dict(), "placement": llm.placement.to_dict()}
+        emit(gen, args.json, extra)
     return 0

@@ -67,7 +67,7 @@ BAD = [
     (["plan", "default", "--memory", "64M"], 3, "the weights alone need"),
     (["plan", "default", "--memory", "230M", "--ctx", "8192"], 3, "largest context that fits"),
     (["plan", "default", "--ctx", "100000"], 2, "exceeds the model's training context 8192"),
-    (["run", "default", "--prompt", ""], 2, "--prompt is empty"),
+    (["run", "default", "--prompt", ""], 2, "--prompt is missing or empty"),
     (["frobnicate"], 2, "unknown command 'frobnicate'"),
 ]
 

@@ -1,0 +1,129 @@
+"""Images to model inputs and model outputs to labels, exactly as the bundle's manifest says.
+
+The conversion step and the runtime both go through :func:`image_tensor`, so the
+numbers a bundle was calibrated and measured on are the numbers it sees in use.
+Pillow is the one image decoder; it is imported only when an image is decoded.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from runtime.bundle import ColorOrder, Layout, ResizeMode, TensorQuant, VisionSpec
+from runtime.errors import BadInput, missing
+
+MAX_IMAGE_PIXELS = 64 << 20  # refuse decompression bombs before decoding
+
+
+def _pil():
+    try:
+        from PIL import Image
+    except ModuleNotFoundError:
+        raise missing("PIL", "vision") from None
+    return Image
+
+
+def load_rgb(path: Path | str) -> np.ndarray:
+    """Decode an image file to uint8 RGB, HxWx3. Undecodable files raise BadInput naming the file."""
+    Image = _pil()
+    path = Path(path)
+    if not path.is_file():
+        raise BadInput(f"{path}: no such image file")
+    try:
+        with Image.open(path) as img:
+            if img.width * img.height > MAX_IMAGE_PIXELS:
+                raise BadInput(f"{path}: {img.width}x{img.height} pixels is too large (at most {MAX_IMAGE_PIXELS})")
+            return np.asarray(img.convert("RGB"), dtype=np.uint8)
+    except BadInput:
+        raise
+    except Exception as exc:  # PIL raises many types for damaged files
+        raise BadInput(f"{path}: cannot decode as an image ({type(exc).__name__}: {exc})") from None
+
+
+def resize_rgb(rgb: np.ndarray, spec: VisionSpec) -> np.ndarray:
+    """uint8 HxWx3 -> uint8 size x size x 3, bilinear, following ``spec.resize``."""
+    Image = _pil()
+    if rgb.ndim != 3 or rgb.shape[2] != 3 or rgb.dtype != np.uint8:
+        raise BadInput(f"image array must be uint8 HxWx3, got {rgb.dtype} {rgb.shape}")
+    img = Image.fromarray(rgb)
+    size = spec.size
+    if spec.resize is ResizeMode.STRETCH:
+        img = img.resize((size, size), Image.BILINEAR)
+    else:
+        short = max(size, round(size / spec.crop_fraction))
+        w, h = img.size
+        scale = short / min(w, h)
+        img = img.resize((max(size, round(w * scale)), max(size, round(h * scale))), Image.BILINEAR)
+        w, h = img.size
+        left, top = (w - size) // 2, (h - size) // 2
+        img = img.crop((left, top, left + size, top + size))
+    return np.asarray(img, dtype=np.uint8)
+
+
+def normalize(rgb: np.ndarray, spec: VisionSpec) -> np.ndarray:
+    """uint8 (N)xHxWx3 RGB at model size -> float32 in the model's color order and layout, before quantization."""
+    x = rgb.astype(np.float32)
+    if spec.color_order is ColorOrder.BGR:
+        x = x[..., ::-1]
+    x = (x - np.asarray(spec.mean, np.float32)) / np.asarray(spec.std, np.float32)
+    if spec.layout is Layout.NCHW:
+        x = np.moveaxis(x, -1, -3)
+    return np.ascontiguousarray(x, dtype=np.float32)
+
+
+def quantize(x: np.ndarray, q: TensorQuant) -> np.ndarray:
+    if q.dtype == "float32":
+        return x.astype(np.float32, copy=False)
+    info = np.iinfo(np.dtype(q.dtype))
+    return np.clip(np.round(x / q.scale) + q.zero_point, info.min, info.max).astype(q.dtype)
+
+
+def dequantize(y: np.ndarray, q: TensorQuant) -> np.ndarray:
+    if q.dtype == "float32":
+        return y.astype(np.float32, copy=False)
+    return (y.astype(np.float32) - q.zero_point) * q.scale
+
+
+def image_tensor(images: list[np.ndarray], spec: VisionSpec) -> np.ndarray:
+    """Decoded RGB images -> one float32 batch in model layout (not yet quantized)."""
+    return normalize(np.stack([resize_rgb(img, spec) for img in images]), spec)
+
+
+def softmax(logits: np.ndarray) -> np.ndarray:
+    z = logits - logits.max(axis=-1, keepdims=True)
+    e = np.exp(z)
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+@dataclass(frozen=True)
+class Label:
+    index: int
+    label: str
+    score: float  # probability 0..1 (softmax of logits, or the model's own scores)
+
+    def to_dict(self) -> dict[str, object]:
+        return {"index": self.index, "label": self.label, "score": round(self.score, 6)}
+
+
+def top_k(scores: np.ndarray, labels: list[str], k: int) -> list[Label]:
+    """The k best classes of one score vector, best first."""
+    if k < 1:
+        raise BadInput(f"top-k {k} is not valid: use an integer >= 1")
+    order = np.argsort(-scores, kind="stable")[: min(k, scores.shape[-1])]
+    return [Label(int(i), labels[i] if i < len(labels) else f"class {i}", float(scores[i])) for i in order]
+
+
+def read_labels(path: Path) -> list[str]:
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise BadInput(f"{path}: cannot read labels ({exc})") from None
+    labels = [line.strip() for line in lines]
+    while labels and not labels[-1]:
+        labels.pop()
+    if not labels:
+        raise BadInput(f"{path}: labels file is empty (one label per line)")
+    return labels

@@ -1,0 +1,104 @@
+"""Memory planning for classifier bundles (LiteRT, ONNX Runtime), in resident bytes.
+
+* ``weights``: the model file, read whole by both runtimes (LiteRT maps it, ORT
+  copies initializers into its own buffers: counted once either way);
+* ``arena``: activation tensors. The converter measures the non-constant tensor
+  bytes of the converted model at batch 1 and stores them in the manifest
+  (``vision.arena_bytes``); it grows linearly with the batch. ORT's arena
+  allocator rounds up, so its share is doubled. Without a measurement the
+  estimate is 32 input tensors' worth per row (MobileNet-class networks measure
+  20-30 here);
+* ``runtime``: the backend library itself once imported and initialized.
+
+Several resident models share one budget: ``resident_bytes`` is what the others'
+plans already hold. A plan fits when its total plus the others' plus a 5 %
+reserve is within the budget.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from runtime.bundle import BackendName, Manifest
+from runtime.errors import BadInput, DoesNotFit
+from runtime.units import fmt_bytes
+
+RESERVE_FRACTION = 0.05
+RUNTIME_BYTES = {BackendName.LITERT: 24 << 20, BackendName.ORT: 48 << 20}  # library + XNNPACK/ORT init, x86_64
+ARENA_FACTOR = {BackendName.LITERT: 1.0, BackendName.ORT: 2.0}
+UNMEASURED_ARENA_INPUTS = 32
+
+
+@dataclass(frozen=True)
+class ClassifierPlan:
+    model: str
+    backend: str
+    batch: int
+    weights_bytes: int
+    arena_bytes: int
+    runtime_bytes: int
+    resident_bytes: int  # other models already loaded under the same budget
+    budget_bytes: int
+    arena_measured: bool
+
+    @property
+    def total_bytes(self) -> int:
+        return self.weights_bytes + self.arena_bytes + self.runtime_bytes
+
+    @property
+    def reserve_bytes(self) -> int:
+        return int(self.budget_bytes * RESERVE_FRACTION)
+
+    @property
+    def fits(self) -> bool:
+        return self.total_bytes + self.resident_bytes + self.reserve_bytes <= self.budget_bytes
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data.update(total_bytes=self.total_bytes, reserve_bytes=self.reserve_bytes, fits=self.fits)
+        return data
+
+    def table(self) -> str:
+        rows = [
+            ("weights (model file)", self.weights_bytes),
+            (f"arena (batch {self.batch}{'' if self.arena_measured else ', estimated'})", self.arena_bytes),
+            (f"runtime ({self.backend})", self.runtime_bytes),
+            ("total", self.total_bytes),
+            ("other resident models", self.resident_bytes),
+            ("reserve (5% of budget)", self.reserve_bytes),
+            ("budget", self.budget_bytes),
+        ]
+        lines = [f"plan for {self.model}"] + [f"  {n:<38} {fmt_bytes(v):>11}" for n, v in rows]
+        lines.append(f"  fits: {'yes' if self.fits else 'no'}")
+        return "\n".join(lines)
+
+
+def plan_classifier(manifest: Manifest, model_bytes: int, budget: int, *, batch: int = 1, resident_bytes: int = 0) -> ClassifierPlan:
+    """The plan for ``manifest`` at ``batch``; raises DoesNotFit (nothing loaded) when it does not fit."""
+    if manifest.vision is None:
+        raise BadInput(f"{manifest.ref} is a {manifest.kind.value} bundle; the classifier planner takes vision bundles")
+    if manifest.backend not in RUNTIME_BYTES:
+        raise BadInput(f"{manifest.ref}: backend {manifest.backend.value!r} is not a classifier backend (valid: {', '.join(b.value for b in RUNTIME_BYTES)})")
+    if batch < 1 or budget < 1 or resident_bytes < 0:
+        raise BadInput(f"plan: batch {batch}, budget {budget} and resident {resident_bytes} bytes must be positive")
+    spec = manifest.vision
+    measured = spec.arena_bytes > 0
+    itemsize = 4 if spec.input.dtype == "float32" else 1
+    per_row = spec.arena_bytes if measured else UNMEASURED_ARENA_INPUTS * 3 * spec.size * spec.size * itemsize
+    plan = ClassifierPlan(
+        model=manifest.ref,
+        backend=manifest.backend.value,
+        batch=batch,
+        weights_bytes=model_bytes,
+        arena_bytes=int(per_row * batch * ARENA_FACTOR[manifest.backend]),
+        runtime_bytes=RUNTIME_BYTES[manifest.backend],
+        resident_bytes=resident_bytes,
+        budget_bytes=budget,
+        arena_measured=measured,
+    )
+    if not plan.fits:
+        short = plan.total_bytes + plan.resident_bytes + plan.reserve_bytes - budget
+        raise DoesNotFit(f"{manifest.ref} needs {fmt_bytes(plan.total_bytes)} at batch {batch} and does not fit the "
+                         f"{fmt_bytes(budget)} budget ({fmt_bytes(resident_bytes)} already resident): short by {fmt_bytes(short)}\n{plan.table()}")
+    return plan
