@@ -149,6 +149,9 @@ class Store:
         if target.exists():
             raise BadInput(f"{manifest.ref} is already installed; remove it first or give the bundle a new version")
         _write_atomic(staging / MANIFEST, manifest.to_json())
+        for path in staging.iterdir():  # mkstemp/mkdtemp made them private; models are readable by services
+            path.chmod(0o644)
+        staging.chmod(0o755)
         _fsync_dir(staging)
         target_parent.mkdir(parents=True, exist_ok=True)
         os.rename(staging, target)
