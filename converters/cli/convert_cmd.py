@@ -21,8 +21,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         try:
             mod = importlib.import_module(module)
         except ModuleNotFoundError as exc:
-            if exc.name and exc.name.startswith(module):
-                continue  # not in this install
+            if exc.name and (module == exc.name or module.startswith(exc.name + ".")):
+                continue  # this converter is not in this install
             raise
         mod.add_arguments(sub.add_parser(kind, help=getattr(mod, "HELP", "")))
 

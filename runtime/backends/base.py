@@ -4,6 +4,9 @@ implements only these primitives over its native handles.
 A language-model backend holds one KV sequence whose cells are addressed by
 position 0..n_ctx-1. The engine keeps the list of tokens in those cells and
 asks the backend to decode, remove, shift, save and restore them.
+
+A classifier backend (LiteRT, ONNX Runtime) runs one input tensor to one output
+tensor; runtime/classifier.py does the pre- and post-processing around it.
 """
 
 from __future__ import annotations
@@ -14,7 +17,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from runtime.errors import BadInput
-
 from runtime.sampling import SamplingParams
 
 
@@ -118,7 +120,7 @@ class ClassifierBackend(Backend):
             raise BadInput(f"{self.name}: input must be an array of shape {want.shape}, got {got}")
         if batch.dtype != np.dtype(want.dtype):
             raise BadInput(f"{self.name}: input dtype is {batch.dtype}, the model takes {want.dtype}")
-        for axis, (n, m) in enumerate(zip(batch.shape[1:], want.shape[1:]), 1):
+        for axis, (n, m) in enumerate(zip(batch.shape[1:], want.shape[1:], strict=True), 1):
             if m != -1 and n != m:
                 raise BadInput(f"{self.name}: input dimension {axis} is {n}, the model takes {m} (shape {want.shape})")
         if len(batch) == 0:

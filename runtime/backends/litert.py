@@ -101,12 +101,9 @@ class LiteRTBackend(ClassifierBackend):
 
     def tensor_bytes(self) -> int:
         """Bytes of all non-constant tensors at the current batch (the arena's upper bound)."""
-        total = 0
-        for t in self._it.get_tensor_details():
-            if t["index"] in self._constants():
-                continue
-            total += int(np.prod(t["shape"])) * np.dtype(t["dtype"]).itemsize
-        return total
+        constants = self._constants()
+        return sum(int(np.prod(t["shape"])) * np.dtype(t["dtype"]).itemsize
+                   for t in self._it.get_tensor_details() if t["index"] not in constants)
 
     def _constants(self) -> set[int]:
         ops = self._it._get_ops_details()

@@ -14,8 +14,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from runtime.backends.base import ClassifierBackend, TensorInfo
 from runtime.errors import BadInput, MissingDependency
 from runtime.model_files import check_onnx

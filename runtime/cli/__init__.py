@@ -3,7 +3,8 @@
 A subcommand module exposes ``HELP`` (one line), ``add_arguments(parser)`` and
 ``main(args) -> int``. Data goes to stdout, logs and errors to stderr. Exit codes:
 0 ok, 2 bad input, 3 does not fit the memory budget, 4 missing optional package,
-5 placement refused, 6 backend failure, 130 interrupted.
+5 placement refused, 6 backend failure, 7 conversion failed its quality gate,
+130 interrupted.
 """
 
 from __future__ import annotations

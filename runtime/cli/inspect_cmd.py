@@ -45,5 +45,10 @@ def main(args: argparse.Namespace) -> int:
             if key != "tokenizer.chat_template":
                 print(f"    {key} = {value}")
     for name, report in manifest.reports.items():
-        print(f"  report {name}: {report}")
+        if isinstance(report, dict):  # e.g. the converter's quality report: one measured number per line
+            print(f"  report {name}:")
+            for key, value in report.items():
+                print(f"    {key} = {value}")
+        else:
+            print(f"  report {name}: {report}")
     return 0

@@ -1,0 +1,131 @@
+"""Vision benchmark (issue 4): EfficientNet-Lite0 and MobileNetV2 (ImageNet) on this machine.
+
+For each model: the PyTorch float model (the "what you'd use instead" baseline),
+float and static-INT8 TFLite (LiteRT), float and static-INT8 ONNX (ONNX Runtime):
+size, batch-1 latency p50/p99 at 1 and 2 threads through edgerun's backends,
+top-1 agreement with the float model of the same format on the 8 real photos
+plus a generated set of 192 crops/flips/brightness changes of them, and how many
+photos with a known ImageNet class get it right. Calibration uses 128 other
+generated images (seed 1). Prints a Markdown table (for the README) and writes
+bench/results/vision.json.
+
+    .venv/bin/python bench/vision.py [--runs 50]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from converters.vision import gate, onnx_route, photos, tflite, zoo  # noqa: E402
+from converters.vision.recipes import Quant  # noqa: E402
+from runtime.bundle import Layout, VisionSpec  # noqa: E402
+from runtime.preprocess import image_tensor  # noqa: E402
+
+
+def lat(backend, x: np.ndarray, runs: int) -> tuple[float, float]:
+    one = gate.quantize(x[:1], gate.tensor_quant(backend.input))
+    for _ in range(5):
+        backend.run(one)
+    t = []
+    for _ in range(runs):
+        s = time.perf_counter()
+        backend.run(one)
+        t.append(time.perf_counter() - s)
+    return float(np.percentile(t, 50) * 1e3), float(np.percentile(t, 99) * 1e3)
+
+
+def torch_row(module, x: np.ndarray, runs: int) -> dict:
+    import torch
+
+    row = {"size_mb": sum(p.numel() * 4 for p in module.parameters()) / 2**20}
+    for threads in (1, 2):
+        torch.set_num_threads(threads)
+        one = torch.from_numpy(x[:1])
+        with torch.no_grad():
+            for _ in range(5):
+                module(one)
+            t = []
+            for _ in range(runs):
+                s = time.perf_counter()
+                module(one)
+                t.append(time.perf_counter() - s)
+        row[f"p50_{threads}"], row[f"p99_{threads}"] = float(np.percentile(t, 50) * 1e3), float(np.percentile(t, 99) * 1e3)
+    return row
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--runs", type=int, default=50)
+    ap.add_argument("--models", nargs="+", default=list(zoo.MODELS))
+    args = ap.parse_args()
+    ph = photos.photos()
+    base = [p.rgb for p in ph]
+    cal_imgs, ev_imgs = photos.variants(base, 128, seed=1), base + photos.variants(base, 192, seed=2)
+    rows, out = [], {"load_avg_start": os.getloadavg(), "cpus": os.cpu_count()}
+    for name in args.models:
+        entry = zoo.find(name)
+        module = entry.build()
+        for fmt, layout in (("tflite", Layout.NHWC), ("onnx", Layout.NCHW)):
+            spec = VisionSpec(size=entry.size, layout=layout, mean=entry.mean, std=entry.std)
+            cal, ev = image_tensor(cal_imgs, spec), image_tensor(ev_imgs, spec)
+            nchw = ev if layout is Layout.NCHW else np.ascontiguousarray(np.moveaxis(ev, -1, 1))
+            if fmt == "tflite":
+                rows.append({"model": name, "variant": "PyTorch float (baseline)", **torch_row(module, nchw, args.runs)})
+            with tempfile.TemporaryDirectory() as tmp:
+                fp, qp = Path(tmp) / f"float.{fmt}", Path(tmp) / f"int8.{fmt}"
+                if fmt == "tflite":
+                    tflite.export_float(module, cal, fp, nhwc=True)
+                    tflite.quantize(fp, Quant.INT8, cal, qp)
+                else:
+                    onnx_route.export_float(module, cal, fp)
+                    onnx_route.quantize(fp, Quant.INT8, cal, qp, Path(tmp))
+                outs = {}
+                for tag, path in (("float", fp), ("INT8", qp)):
+                    row = {"model": name, "variant": f"{tag} {'TFLite (LiteRT)' if fmt == 'tflite' else 'ONNX (ORT)'}",
+                           "size_mb": path.stat().st_size / 2**20}
+                    for threads in (1, 2):
+                        with gate.open_model(path, fmt, threads) as b:
+                            if threads == 1:
+                                outs[tag] = gate.outputs(b, ev)
+                            row[f"p50_{threads}"], row[f"p99_{threads}"] = lat(b, ev, args.runs)
+                    top = outs[tag][: len(ph)].argmax(1)
+                    row["photos_correct"] = sum(int(top[i]) in p.expected for i, p in enumerate(ph))
+                    row["photos_known"] = sum(1 for p in ph if p.expected)
+                    if tag == "INT8":
+                        m = gate.compare(outs["float"], outs["INT8"], None)
+                        photo = gate.compare(outs["float"][: len(ph)], outs["INT8"][: len(ph)], None)
+                        row.update(agree_all=m["top1_agreement"], agree_top5=m["top5_agreement"], agree_photos=photo["top1_agreement"],
+                                   cosine_min=m["cosine_min"], speedup=rows[-1]["p50_1"] / row["p50_1"])
+                    rows.append(row)
+            print(f"done {name} {fmt}", file=sys.stderr, flush=True)
+    out["load_avg_end"] = os.getloadavg()
+    out["rows"] = rows
+    results = Path(__file__).with_name("results")
+    results.mkdir(exist_ok=True)
+    (results / "vision.json").write_text(json.dumps(out, indent=2) + "\n")
+    print(f"machine: {out['cpus']} CPUs, load average {out['load_avg_start'][0]:.2f} at start, {out['load_avg_end'][0]:.2f} at end\n")
+    print("| model | variant | size MiB | p50/p99 ms, 1 thread | p50/p99 ms, 2 threads | INT8/float p50 (1 thr) "
+          "| top-1 agreement: photos / all 200 | top-5 agr. | photos correct |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        agree = f"{r['agree_photos']:.0%} / {r['agree_all']:.1%}" if "agree_all" in r else ""
+        speed = f"{1 / r['speedup']:.2f}x" if "speedup" in r else ""
+        top5 = f"{r['agree_top5']:.1%}" if "agree_top5" in r else ""
+        correct = f"{r['photos_correct']}/{r['photos_known']}" if "photos_correct" in r else ""
+        print(f"| {r['model']} | {r['variant']} | {r['size_mb']:.1f} | {r['p50_1']:.2f} / {r['p99_1']:.2f} "
+              f"| {r['p50_2']:.2f} / {r['p99_2']:.2f} | {speed} | {agree} | {top5} | {correct} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,86 @@
+"""Calibration and evaluation sets: image folders or .npz arrays, turned into float model inputs.
+
+Images go through :func:`runtime.preprocess.image_tensor` with the bundle's own
+spec, so calibration sees what the runtime will feed. An evaluation folder may
+hold its images in subfolders named by label (a label from the labels file, or
+a class index); those give accuracy against labels.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from runtime.bundle import VisionSpec
+from runtime.errors import BadInput
+from runtime.preprocess import image_tensor, load_rgb
+
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff")
+MIN_CALIBRATION, MAX_CALIBRATION = 8, 500
+
+
+@dataclass(frozen=True)
+class Samples:
+    x: np.ndarray  # float32 model inputs, model layout, before input quantization
+    labels: np.ndarray | None  # class index per sample, -1 unknown; None when the set has no labels
+    names: tuple[str, ...]
+
+
+def _images(folder: Path) -> list[Path]:
+    files = sorted(p for p in folder.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
+    if not files:
+        raise BadInput(f"{folder}: no images found (looked for {', '.join(IMAGE_SUFFIXES)})")
+    return files
+
+
+def _label_of(path: Path, root: Path, names: list[str]) -> int:
+    if path.parent == root:
+        return -1
+    folder = path.parent.name
+    if folder.isdigit():
+        return int(folder)
+    lowered = [n.lower() for n in names]
+    return lowered.index(folder.lower()) if folder.lower() in lowered else -1
+
+
+def load_samples(source: Path, spec: VisionSpec, input_shape: tuple[int, ...], labels: list[str] | None = None,
+                 limit: int | None = None) -> Samples:
+    """Images (folder) or arrays (.npz: one array, or 'x' and optional 'y') -> checked float inputs."""
+    if not source.exists():
+        raise BadInput(f"{source}: no such calibration/evaluation set (give a folder of images or an .npz)")
+    if source.is_dir():
+        files = _images(source)[:limit]
+        x = image_tensor([load_rgb(p) for p in files], spec)
+        ys = np.array([_label_of(p, source, labels or []) for p in files])
+        return Samples(x, ys if (ys >= 0).any() else None, tuple(str(p.relative_to(source)) for p in files))
+    if source.suffix != ".npz":
+        raise BadInput(f"{source}: a calibration/evaluation set is a folder of images or an .npz file")
+    try:
+        with np.load(source, allow_pickle=False) as data:
+            arrays = {k: data[k] for k in data.files}
+    except Exception as exc:
+        raise BadInput(f"{source}: not a readable .npz ({type(exc).__name__}: {exc})") from None
+    x = arrays.get("x", next(iter(arrays.values())) if len(arrays) == 1 else None)
+    if x is None:
+        raise BadInput(f"{source}: name the inputs 'x' (arrays found: {', '.join(arrays) or 'none'})")
+    if x.dtype != np.float32:
+        raise BadInput(f"{source}: inputs are {x.dtype}; give float32 model inputs (already normalized, in model layout)")
+    if x.ndim != len(input_shape) or tuple(x.shape[1:]) != tuple(input_shape[1:]):
+        raise BadInput(f"{source}: inputs have shape {x.shape}; the model takes (N, {', '.join(map(str, input_shape[1:]))})")
+    if len(x) == 0:
+        raise BadInput(f"{source}: the set is empty")
+    y = arrays.get("y")
+    if y is not None and (y.shape != (len(x),) or not np.issubdtype(y.dtype, np.integer)):
+        raise BadInput(f"{source}: labels 'y' must be {len(x)} integers, got {y.dtype} {y.shape}")
+    x = x[:limit]
+    return Samples(np.ascontiguousarray(x), None if y is None else y[:limit], tuple(f"{source.name}[{i}]" for i in range(len(x))))
+
+
+def check_calibration(samples: Samples, where: Path) -> None:
+    n = len(samples.x)
+    if n < MIN_CALIBRATION:
+        raise BadInput(f"{where}: {n} calibration samples is too few for static INT8 (at least {MIN_CALIBRATION}; 100-500 recommended)")
+    if not np.isfinite(samples.x).all():
+        raise BadInput(f"{where}: calibration inputs contain NaN or infinity")

@@ -1,0 +1,78 @@
+"""``edgerun convert vision MODEL --calib DIR|NPZ --out BUNDLE ...``: flags map one to one onto :class:`pipeline.Options`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from converters.vision.recipes import Format, Quant, parse
+from runtime.bundle import ColorOrder, Layout, ResizeMode
+from runtime.errors import BadInput
+
+HELP = "image classifier (PyTorch zoo:NAME/.pt2/TorchScript or ONNX) -> calibrated INT8/INT4/FP16 TFLite or ONNX bundle"
+
+
+def _floats(text: str, flag: str) -> tuple[float, ...]:
+    try:
+        values = tuple(float(v) for v in text.split(","))
+    except ValueError:
+        raise BadInput(f"{flag} {text!r} is not valid: give one number or three separated by commas (pixel units 0-255)") from None
+    if len(values) not in (1, 3):
+        raise BadInput(f"{flag} {text!r} is not valid: give one number (all channels) or three (one per channel)")
+    return values
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("model",
+                        help="zoo:NAME (efficientnet-lite0, mobilenet-v2), a .pt2 ExportedProgram, a TorchScript file, or an .onnx file")
+    parser.add_argument("--calib", required=True, type=Path,
+                        help="calibration set: a folder of images or an .npz of float inputs (100-500 samples)")
+    parser.add_argument("--out", required=True, type=Path, help="bundle directory, or a NAME.edgerun transport file")
+    parser.add_argument("--quant", default="auto", choices=[q.value for q in Quant],
+                        help="recipe (default auto: int8 for CNNs, int4w for matmul-heavy)")
+    parser.add_argument("--format", default="tflite", choices=[f.value for f in Format], help="tflite (LiteRT) or onnx (ONNX Runtime)")
+    parser.add_argument("--size", type=int, help="square input side in pixels (default: the model's)")
+    parser.add_argument("--layout", choices=[v.value for v in Layout], help="input layout (default nhwc for tflite, nchw for onnx)")
+    parser.add_argument("--mean", help="per-channel mean in pixel units, one or three values: input = (pixel - mean) / std")
+    parser.add_argument("--std", help="per-channel std in pixel units, one or three values")
+    parser.add_argument("--color-order", default="rgb", choices=[v.value for v in ColorOrder])
+    parser.add_argument("--resize", default="center-crop", choices=[v.value for v in ResizeMode])
+    parser.add_argument("--labels", type=Path, help="class labels, one per line")
+    parser.add_argument("--eval", type=Path, help="evaluation set (folder, optionally with label-named subfolders, or .npz with x, y)")
+    parser.add_argument("--min-agreement", type=float, default=0.99,
+                        help="fail below this top-1 agreement with the float model (default 0.99)")
+    parser.add_argument("--name", help="bundle name (default: from the model)")
+    parser.add_argument("--version", help="bundle version (default: QUANT-FORMAT)")
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+
+
+def main(args: argparse.Namespace) -> int:
+    from converters.vision.pipeline import Options, convert
+
+    opts = Options(
+        model=args.model, calib=args.calib, out=args.out,
+        quant=parse(Quant, args.quant, "--quant"), fmt=parse(Format, args.format, "--format"),
+        size=args.size, layout=Layout(args.layout) if args.layout else None,
+        mean=_floats(args.mean, "--mean") if args.mean else None, std=_floats(args.std, "--std") if args.std else None,
+        color_order=ColorOrder(args.color_order), resize=ResizeMode(args.resize),
+        labels=args.labels, eval=args.eval, min_agreement=args.min_agreement, name=args.name, version=args.version,
+    )
+    if opts.std is not None and any(s <= 0 for s in opts.std):
+        raise BadInput(f"--std {args.std} must be positive")
+    result = convert(opts)
+    r = result.report
+    if args.json:
+        json.dump({"bundle": str(result.out), "ref": result.manifest.ref, "report": r}, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+        return 0
+    print(f"wrote {result.out} ({result.manifest.ref}, {r['recipe']} {r['format']}): {r['why']}")
+    acc = ""
+    if r["accuracy_float"] is not None:
+        acc = f", accuracy float {r['accuracy_float']:.1%} / quantized {r['accuracy_quant']:.1%} on {r['labelled']} labelled"
+    print(f"  gate: top-1 agreement {r['top1_agreement']:.1%}, top-5 {r['top5_agreement']:.1%}, cosine min {r['cosine_min']:.4f}, "
+          f"max abs error {r['max_abs_error']:.3g} on {r['samples']} samples{acc}")
+    print(f"  size {r['float_bytes'] / 2**20:.1f} -> {r['quant_bytes'] / 2**20:.1f} MiB, "
+          f"latency {r['float_latency_ms']:.2f} -> {r['quant_latency_ms']:.2f} ms (1 thread)")
+    return 0

@@ -1,0 +1,254 @@
+"""One vision conversion, start to finish: source -> float model -> quantized model -> gate -> bundle.
+
+Everything is written under a temporary directory beside ``--out`` and becomes
+visible only at the end, by one rename (bundle directory) or by
+:func:`runtime.store.pack` (``.edgerun`` file, itself temp + rename). Any failure,
+including a gate below ``--min-agreement``, removes the temporary directory:
+nothing is left behind.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from converters.vision import calib as calibration
+from converters.vision import gate
+from converters.vision.recipes import Choice, Format, Quant, choose
+from converters.vision.source import Source, SourceKind, load_source
+from runtime.bundle import (
+    EXTENSION,
+    BackendName,
+    ColorOrder,
+    FileEntry,
+    Layout,
+    Manifest,
+    ModelKind,
+    ResizeMode,
+    VisionSpec,
+    check_name,
+    check_version,
+    sha256_file,
+)
+from runtime.errors import BadInput
+
+log = logging.getLogger(__name__)
+BACKEND = {Format.TFLITE: BackendName.LITERT, Format.ONNX: BackendName.ORT}
+
+
+@dataclass(frozen=True)
+class Options:
+    model: str
+    calib: Path
+    out: Path
+    quant: Quant = Quant.AUTO
+    fmt: Format = Format.TFLITE
+    size: int | None = None
+    layout: Layout | None = None  # default: nhwc for TFLite, nchw for ONNX
+    mean: tuple[float, ...] | None = None  # pixel units, (pixel - mean) / std
+    std: tuple[float, ...] | None = None
+    color_order: ColorOrder = ColorOrder.RGB
+    resize: ResizeMode = ResizeMode.CENTER_CROP
+    labels: Path | None = None
+    eval: Path | None = None
+    min_agreement: float = 0.99
+    name: str | None = None
+    version: str | None = None
+    calib_limit: int = calibration.MAX_CALIBRATION
+
+
+@dataclass(frozen=True)
+class Result:
+    manifest: Manifest
+    out: Path
+    report: dict[str, Any]
+
+
+def _check_route(source: Source, fmt: Format) -> None:
+    if fmt is Format.TFLITE and source.kind is SourceKind.ONNX:
+        raise BadInput("an ONNX model converts to ONNX only: ONNX -> TFLite needs onnx2tf, which edgerun keeps out "
+                       "(it pins old packages and downloads data); use --format onnx")
+    if fmt is Format.TFLITE and source.kind is SourceKind.TORCHSCRIPT:
+        raise BadInput("a TorchScript model converts to ONNX only (litert-torch needs torch.export); use --format onnx, "
+                       "or save the model with torch.export.save as .pt2")
+
+
+def _spec(opts: Options, source: Source, labels_file: str | None) -> VisionSpec:
+    size = opts.size or source.size
+    if size is None:
+        raise BadInput(f"{opts.model}: give --size (the model's square input side in pixels)")
+    layout = opts.layout or (Layout.NHWC if opts.fmt is Format.TFLITE else Layout.NCHW)
+    return VisionSpec(size=size, layout=layout, color_order=opts.color_order, resize=opts.resize,
+                      mean=opts.mean or source.mean or (0.0,), std=opts.std or source.std or (1.0,), labels=labels_file)
+
+
+def _onnx_size_layout(path: Path, opts: Options) -> tuple[int | None, Layout | None]:
+    """An ONNX source says its own input size and layout (N,3,H,W or N,H,W,3)."""
+    import onnx
+
+    from converters.vision.onnx_route import input_name
+
+    name = input_name(path)
+    graph = onnx.load(str(path), load_external_data=False).graph
+    dims = [d.dim_value for d in next(i for i in graph.input if i.name == name).type.tensor_type.shape.dim]
+    if len(dims) == 4 and dims[1] == 3 and dims[2] == dims[3] > 0:
+        return dims[2], Layout.NCHW
+    if len(dims) == 4 and dims[3] == 3 and dims[1] == dims[2] > 0:
+        return dims[1], Layout.NHWC
+    raise BadInput(f"{path}: input shape {dims} is not a square RGB image (N,3,S,S or N,S,S,3)")
+
+
+def convert(opts: Options) -> Result:
+    out = opts.out
+    if out.exists():
+        raise BadInput(f"{out} already exists; choose another --out or remove it")
+    if not out.parent.is_dir():
+        raise BadInput(f"{out.parent}: no such directory for --out")
+    if not 0.0 <= opts.min_agreement <= 1.0:
+        raise BadInput(f"--min-agreement {opts.min_agreement} must be between 0 and 1")
+    source = load_source(opts.model)
+    _check_route(source, opts.fmt)
+    if source.kind is SourceKind.ONNX:
+        size, layout = _onnx_size_layout(source.onnx_path, opts)  # type: ignore[arg-type]
+        if opts.size not in (None, size) or opts.layout not in (None, layout):
+            raise BadInput(f"{opts.model}: the ONNX model takes {layout.value} {size}px images, "
+                           f"not --size {opts.size} --layout {opts.layout and opts.layout.value}")
+        opts = Options(**{**opts.__dict__, "size": size, "layout": layout})
+    labels = calibration_labels(opts, source)
+    work = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.convert-"))
+    try:
+        return _convert(opts, source, labels, work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def calibration_labels(opts: Options, source: Source) -> list[str] | None:
+    if opts.labels is not None:
+        from runtime.preprocess import read_labels
+
+        return read_labels(opts.labels)
+    return source.labels
+
+
+def _convert(opts: Options, source: Source, labels: list[str] | None, work: Path) -> Result:
+    spec = _spec(opts, source, "labels.txt" if labels else None)
+    shape = (1, 3, spec.size, spec.size) if spec.layout is Layout.NCHW else (1, spec.size, spec.size, 3)
+    cal = calibration.load_samples(opts.calib, spec, shape, labels, limit=opts.calib_limit)
+    ev = calibration.load_samples(opts.eval, spec, shape, labels) if opts.eval else cal
+    ext = opts.fmt.value
+    float_path, bundle = work / f"float.{ext}", work / "bundle"
+    bundle.mkdir()
+    model_path = bundle / f"model.{ext}"
+    if opts.fmt is Format.TFLITE:
+        from converters.vision import tflite as route
+
+        route.export_float(source.module, cal.x, float_path, nhwc=spec.layout is Layout.NHWC)
+    else:
+        from converters.vision import onnx_route as route  # type: ignore[no-redef]
+
+        if source.kind is SourceKind.ONNX:
+            route.copy_float(source.onnx_path, float_path)  # type: ignore[arg-type]
+        else:
+            route.export_float(_nchw(source.module, spec), cal.x, float_path)
+    choice = choose(opts.quant, route.op_census(float_path))
+    if choice.quant is Quant.INT8:
+        calibration.check_calibration(cal, opts.calib)
+    log.info("recipe %s: %s", choice.quant.value, choice.why)
+    if opts.fmt is Format.TFLITE:
+        route.quantize(float_path, choice.quant, cal.x, model_path)
+    else:
+        route.quantize(float_path, choice.quant, cal.x, model_path, work)
+    report, ref, test = gate.run_gate(float_path, model_path, ext, ev.x, ev.labels, opts.min_agreement)
+    data = _report(opts, choice, report, len(cal.x), source, ev, ref)
+    if not report.passed:
+        raise BadInput(f"accuracy gate failed: top-1 agreement {report.top1_agreement:.2%} with the float model is below "
+                       f"--min-agreement {opts.min_agreement:.2%} on {report.samples} samples (cosine min {report.cosine_min:.4f}); "
+                       f"nothing was written. Try more or more representative --calib data, or --quant fp16")
+    files = [("weights", model_path)]
+    if labels:
+        (bundle / "labels.txt").write_text("\n".join(labels) + "\n", encoding="utf-8")
+        files.append(("labels", bundle / "labels.txt"))
+    (bundle / "report.json").write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    files.append(("report", bundle / "report.json"))
+    if gate.plot(report, ref, test, f"{opts.name or source.name} {choice.quant.value} {ext}", bundle / "report.png"):
+        files.append(("report-plot", bundle / "report.png"))
+    with gate.open_model(model_path, ext) as backend:
+        io = (gate.tensor_quant(backend.input), gate.tensor_quant(backend.output))
+        arena = _arena_bytes(backend, float_path, ext)
+    spec = VisionSpec(**{**spec.__dict__, "input": io[0], "output": io[1], "quantization": choice.quant.value, "arena_bytes": arena})
+    manifest = Manifest(
+        kind=ModelKind.VISION, backend=BACKEND[opts.fmt], model_format=ext,
+        name=check_name(opts.name or source.name), version=check_version(opts.version or f"{choice.quant.value}-{ext}"),
+        files=tuple(FileEntry(p.name, *sha256_file(p), role=role) for role, p in files),
+        license=source.license, vision=spec,
+        source={"model": opts.model, "route": f"{source.kind.value}->{ext}", "calibration": str(opts.calib)},
+        reports={"accuracy": data},
+    )
+    (bundle / "manifest.json").write_bytes(manifest.to_json())
+    if opts.out.suffix == EXTENSION:
+        from runtime.store import pack
+
+        pack(bundle, opts.out)
+    else:
+        bundle.rename(opts.out)
+    return Result(manifest, opts.out, data)
+
+
+def _nchw(module: Any, spec: VisionSpec) -> Any:
+    if spec.layout is Layout.NCHW:
+        return module
+    import torch
+
+    class ChannelsLast(torch.nn.Module):
+        def __init__(self, inner: Any) -> None:
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, x: Any) -> Any:
+            return self.inner(x.permute(0, 3, 1, 2))
+
+    wrapped = ChannelsLast(module)
+    wrapped.training = False  # not .eval(): an ExportedProgram's module refuses train()/eval()
+    return wrapped
+
+
+def _arena_bytes(backend: Any, float_path: Path, ext: str) -> int:
+    if ext == "tflite":
+        return int(backend.tensor_bytes())
+    import onnx
+
+    inferred = onnx.shape_inference.infer_shapes(onnx.load(str(float_path)))
+    total = 0
+    for value in inferred.graph.value_info:
+        dims = [d.dim_value if d.dim_value > 0 else 1 for d in value.type.tensor_type.shape.dim]
+        total += int(np.prod(dims)) * 4
+    return total
+
+
+def _report(opts: Options, choice: Choice, report: gate.GateReport, n_cal: int, source: Source, ev: Any, ref: np.ndarray) -> dict[str, Any]:
+    data = report.to_dict()
+    data.update(recipe=choice.quant.value, why=choice.why, format=opts.fmt.value, calibration_samples=n_cal,
+                evaluation=str(opts.eval) if opts.eval else f"the calibration set ({opts.calib}): no --eval given")
+    if source.module is not None:
+        data["conversion"] = _parity(source.module, ev.x, ref, opts)
+    return data
+
+
+def _parity(module: Any, x: np.ndarray, ref: np.ndarray, opts: Options) -> dict[str, float]:
+    """The float converted model against the source framework's own outputs (conversion error, not quantization)."""
+    import torch
+
+    nchw = x if (opts.layout or (Layout.NHWC if opts.fmt is Format.TFLITE else Layout.NCHW)) is Layout.NCHW else np.moveaxis(x, -1, 1)
+    with torch.no_grad():
+        # one row at a time: an ExportedProgram keeps the batch size it was exported with
+        src = np.concatenate([module(torch.from_numpy(np.ascontiguousarray(nchw[i : i + 1]))).numpy() for i in range(len(nchw))])
+    src = src.reshape(len(x), -1)
+    m = gate.compare(src, ref, None)
+    return {"top1_agreement": m["top1_agreement"], "cosine_min": m["cosine_min"], "max_abs_error": m["max_abs_error"]}

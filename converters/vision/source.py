@@ -1,0 +1,84 @@
+"""What ``edgerun convert vision MODEL`` accepts, loaded into one shape: a torch module or an ONNX file.
+
+MODEL is ``zoo:NAME`` (a packaged ImageNet model), a ``.pt2`` ExportedProgram,
+a TorchScript file (``.pt``/``.ts``, ONNX route only), or an ``.onnx`` file.
+Keras/SavedModel input needs ``tensorflow-cpu``, which this build keeps out; it
+is refused with that reason.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from runtime.errors import BadInput, MissingDependency
+
+KERAS_SUFFIXES = (".h5", ".keras")
+TORCHSCRIPT_SUFFIXES = (".pt", ".ts", ".pth", ".jit")
+
+
+class SourceKind(str, enum.Enum):
+    TORCH = "torch"  # an nn.Module (zoo or ExportedProgram): TFLite and ONNX routes
+    TORCHSCRIPT = "torchscript"  # ONNX route only: litert-torch needs torch.export
+    ONNX = "onnx"  # ONNX route only
+
+
+@dataclass
+class Source:
+    kind: SourceKind
+    name: str  # default bundle name
+    module: Any = None  # torch module (TORCH, TORCHSCRIPT)
+    onnx_path: Path | None = None
+    size: int | None = None  # defaults the model brings (zoo)
+    mean: tuple[float, ...] | None = None
+    std: tuple[float, ...] | None = None
+    labels: list[str] | None = None
+    license: str = "unknown"
+    notes: list[str] = field(default_factory=list)
+
+
+def _torch():
+    try:
+        import torch
+    except ModuleNotFoundError:
+        raise MissingDependency("converting a PyTorch model needs torch; install it with: pip install torch==2.13.0") from None
+    return torch
+
+
+def _stem(path: Path) -> str:
+    return re.sub(r"[^a-z0-9._-]+", "-", path.stem.lower()).strip("-._")[:64] or "model"
+
+
+def load_source(ref: str) -> Source:
+    if ref.startswith("zoo:"):
+        from converters.vision import zoo
+
+        entry = zoo.find(ref[4:])
+        return Source(SourceKind.TORCH, entry.name, module=entry.build(), size=entry.size, mean=entry.mean,
+                      std=entry.std, labels=zoo.imagenet_labels(), license=entry.license)
+    path = Path(ref)
+    if not path.exists():
+        raise BadInput(f"{ref}: no such model file (give zoo:NAME, a .pt2 ExportedProgram, a TorchScript file or an .onnx file)")
+    if path.is_dir() or path.suffix in KERAS_SUFFIXES:
+        raise BadInput(f"{ref}: Keras/SavedModel input needs tensorflow-cpu, which this edgerun build does not include; "
+                       "export the model to ONNX (tf2onnx) and convert the .onnx file")
+    if path.suffix == ".onnx":
+        return Source(SourceKind.ONNX, _stem(path), onnx_path=path)
+    torch = _torch()
+    if path.suffix == ".pt2":
+        try:
+            program = torch.export.load(str(path))
+        except Exception as exc:
+            raise BadInput(f"{ref}: not a loadable ExportedProgram ({type(exc).__name__}: {str(exc)[:300]})") from None
+        return Source(SourceKind.TORCH, _stem(path), module=program.module())
+    if path.suffix in TORCHSCRIPT_SUFFIXES:
+        try:
+            module = torch.jit.load(str(path), map_location="cpu")
+        except Exception as exc:
+            raise BadInput(f"{ref}: not a TorchScript file ({type(exc).__name__}: {str(exc)[:300]}); "
+                           "a state dict needs its model code: save torch.export.export(model, (x,)) as .pt2") from None
+        return Source(SourceKind.TORCHSCRIPT, _stem(path), module=module.eval())
+    raise BadInput(f"{ref}: unknown model file type {path.suffix!r} (valid: .pt2, {', '.join(TORCHSCRIPT_SUFFIXES)}, .onnx, or zoo:NAME)")
