@@ -76,9 +76,17 @@ def _normalize(out: Path, gguf_file: Path) -> None:
 
     tj_path = out / "tokenizer.json"
     pre = field("tokenizer.ggml.pre")
-    if tj_path.is_file() and pre in PRE_TOKENIZERS:
+    if tj_path.is_file() and field("tokenizer.ggml.model") == "gpt2":
+        # A byte-level BPE vocabulary. Depending on the huggingface-hub/transformers
+        # combination, transformers 5 writes it either as plain byte-level BPE or as a
+        # SentencePiece-style hybrid (byte_fallback, a ByteFallback/Fuse/Replace decoder)
+        # over the same vocabulary; write the byte-level form that the GGUF describes.
         tj = json.loads(tj_path.read_text())
-        tj["pre_tokenizer"] = PRE_TOKENIZERS[pre]
+        tj["model"]["byte_fallback"] = False
+        tj["normalizer"] = None
+        tj["decoder"] = {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True}
+        if pre in PRE_TOKENIZERS:
+            tj["pre_tokenizer"] = PRE_TOKENIZERS[pre]
         tj_path.write_text(json.dumps(tj, ensure_ascii=False) + "\n")
 
     cfg_path = out / "config.json"
