@@ -204,19 +204,9 @@ def _convert(opts: Options, source: Source, labels: list[str] | None, work: Path
 def _nchw(module: Any, spec: VisionSpec) -> Any:
     if spec.layout is Layout.NCHW:
         return module
-    import torch
+    from converters.vision.tflite import nhwc_input
 
-    class ChannelsLast(torch.nn.Module):
-        def __init__(self, inner: Any) -> None:
-            super().__init__()
-            self.inner = inner
-
-        def forward(self, x: Any) -> Any:
-            return self.inner(x.permute(0, 3, 1, 2))
-
-    wrapped = ChannelsLast(module)
-    wrapped.training = False  # not .eval(): an ExportedProgram's module refuses train()/eval()
-    return wrapped
+    return nhwc_input(module)
 
 
 def _arena_bytes(backend: Any, float_path: Path, ext: str) -> int:

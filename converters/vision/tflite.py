@@ -35,23 +35,28 @@ def _need(module: str, pip_line: str):
         raise MissingDependency(f"the TFLite route needs {module!r}; install it with: {pip_line}") from None
 
 
+def nhwc_input(module: Any) -> Any:
+    """``module`` (which takes NCHW) behind a transpose, so that it takes NHWC images."""
+    import torch
+
+    class ChannelsLast(torch.nn.Module):
+        def __init__(self, inner: Any) -> None:
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, x: Any) -> Any:
+            return self.inner(x.permute(0, 3, 1, 2))
+
+    wrapped = ChannelsLast(module)
+    wrapped.training = False  # not .eval(): an ExportedProgram's module refuses train()/eval(); the source is in eval mode
+    return wrapped
+
+
 def export_float(module: Any, example: np.ndarray, out: Path, nhwc: bool) -> None:
     """Write the float model; ``nhwc`` puts a layout transpose in front so the file takes NHWC images."""
     torch = _need("torch", "pip install torch==2.13.0")
     litert_torch = _need("litert_torch", "pip install litert-torch==0.10.0")
-    model = module
-    if nhwc:
-
-        class ChannelsLast(torch.nn.Module):
-            def __init__(self, inner: Any) -> None:
-                super().__init__()
-                self.inner = inner
-
-            def forward(self, x: Any) -> Any:
-                return self.inner(x.permute(0, 3, 1, 2))
-
-        model = ChannelsLast(module)
-        model.training = False  # not .eval(): an ExportedProgram's module refuses train()/eval(); the source is in eval mode
+    model = nhwc_input(module) if nhwc else module
     x = torch.from_numpy(example[:1])
     # litert-torch reports progress on stdout; stdout carries edgerun's data (--json), so send it to stderr.
     with contextlib.redirect_stdout(sys.stderr):
