@@ -29,18 +29,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from converters.vision import gate, onnx_route, photos, tflite, zoo  # noqa: E402
 from converters.vision.recipes import Quant  # noqa: E402
 from runtime.bundle import Layout, VisionSpec  # noqa: E402
+from runtime.classifier import time_calls  # noqa: E402
 from runtime.preprocess import image_tensor  # noqa: E402
 
 
 def lat(backend, x: np.ndarray, runs: int) -> tuple[float, float]:
-    one = gate.quantize(x[:1], gate.tensor_quant(backend.input))
-    for _ in range(5):
-        backend.run(one)
-    t = []
-    for _ in range(runs):
-        s = time.perf_counter()
-        backend.run(one)
-        t.append(time.perf_counter() - s)
+    t = time_calls(backend, gate.quantize(x[:1], gate.tensor_quant(backend.input)), runs, warmup=5)
     return float(np.percentile(t, 50) * 1e3), float(np.percentile(t, 99) * 1e3)
 
 

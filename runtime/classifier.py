@@ -131,14 +131,7 @@ class Classifier:
 
     def latency(self, x: np.ndarray, runs: int, warmup: int = 3) -> list[float]:
         """Seconds per backend call on ``x`` (already in model layout and dtype), after ``warmup`` calls."""
-        for _ in range(warmup):
-            self.backend.run(x)
-        out = []
-        for _ in range(runs):
-            start = time.perf_counter()
-            self.backend.run(x)
-            out.append(time.perf_counter() - start)
-        return out
+        return time_calls(self.backend, x, runs, warmup)
 
     def close(self) -> None:
         self.backend.close()
@@ -148,3 +141,15 @@ class Classifier:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def time_calls(backend: Any, x: np.ndarray, runs: int, warmup: int = 3) -> list[float]:
+    """Seconds per ``backend.run(x)`` over ``runs`` calls, after ``warmup`` untimed calls."""
+    for _ in range(warmup):
+        backend.run(x)
+    out = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        backend.run(x)
+        out.append(time.perf_counter() - start)
+    return out

@@ -14,7 +14,6 @@ The report also carries sizes and batch-1 latency on one thread.
 
 from __future__ import annotations
 
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -23,6 +22,7 @@ import numpy as np
 
 from runtime.backends.base import ClassifierBackend, TensorInfo
 from runtime.bundle import TensorQuant
+from runtime.classifier import time_calls
 from runtime.preprocess import dequantize, quantize
 
 LATENCY_RUNS = 20
@@ -76,15 +76,7 @@ def outputs(backend: ClassifierBackend, x: np.ndarray) -> np.ndarray:
 
 
 def latency_ms(backend: ClassifierBackend, x: np.ndarray, runs: int = LATENCY_RUNS) -> float:
-    one = quantize(x[:1], tensor_quant(backend.input))
-    for _ in range(3):
-        backend.run(one)
-    times = []
-    for _ in range(runs):
-        start = time.perf_counter()
-        backend.run(one)
-        times.append(time.perf_counter() - start)
-    return float(np.median(times) * 1000)
+    return float(np.median(time_calls(backend, quantize(x[:1], tensor_quant(backend.input)), runs)) * 1000)
 
 
 def compare(ref: np.ndarray, test: np.ndarray, labels: np.ndarray | None) -> dict[str, Any]:

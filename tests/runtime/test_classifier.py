@@ -15,18 +15,7 @@ import pytest
 
 from runtime.classifier import Classifier
 from runtime.cli import main as edgerun
-from tests.converters.vision.conftest import session_bundles, session_digits
 from tests.converters.vision.digits import LABELS, Digits
-
-
-@pytest.fixture(scope="session")
-def digits(tmp_path_factory: pytest.TempPathFactory) -> Digits:
-    return session_digits(tmp_path_factory)
-
-
-@pytest.fixture(scope="session")
-def digit_bundles(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    return session_bundles(tmp_path_factory)
 
 
 @pytest.mark.parametrize("fmt", ["tflite", "onnx"])

@@ -11,18 +11,6 @@ import pytest
 from runtime.bundle import Layout, Manifest, ResizeMode, TensorQuant, VisionSpec
 from runtime.errors import BadInput
 from runtime.model_files import check_model_file
-from tests.converters.vision.conftest import session_bundles, session_digits
-from tests.converters.vision.digits import Digits
-
-
-@pytest.fixture(scope="session")
-def digits(tmp_path_factory: pytest.TempPathFactory) -> Digits:
-    return session_digits(tmp_path_factory)
-
-
-@pytest.fixture(scope="session")
-def digit_bundles(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    return session_bundles(tmp_path_factory)
 
 
 def _tflite(bundles: dict[str, Path]) -> bytes:
