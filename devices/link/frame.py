@@ -156,6 +156,19 @@ class FrameDecoder:
 
     stats: DecoderStats = field(default_factory=DecoderStats)
     _buf: bytearray = field(default_factory=bytearray)
+    _last_rx: float | None = None  # monotonic seconds of the last non-empty receive()
+
+    def receive(self, data: bytes, now: float, quiet_s: float) -> list[Frame]:
+        """:meth:`feed` for a reader loop: also expires a partial frame once the line
+        has been quiet for ``quiet_s`` seconds (``now`` is ``time.monotonic()``)."""
+        if self._last_rx is None:
+            self._last_rx = now
+        if data:
+            self._last_rx = now
+            return self.feed(data)
+        if self._buf and now - self._last_rx > quiet_s:
+            return self.expire_partial()
+        return []
 
     @property
     def pending_bytes(self) -> int:

@@ -32,6 +32,8 @@ from runtime.errors import BadInput
 
 log = logging.getLogger(__name__)
 
+QUIET_S = 0.1  # seconds of silence after which a buffered partial frame is dropped as noise
+
 _SCHEMA = """
 PRAGMA journal_mode=WAL;
 PRAGMA synchronous=FULL;
@@ -193,19 +195,11 @@ class ReferencePeer:
 
     def _serve(self) -> None:
         decoder = FrameDecoder(stats=self.decoder_stats)
-        last_rx = time.monotonic()
         while not self._stop.is_set():
             self._send_commands()
-            data = self.transport.read()
-            now = time.monotonic()
-            if data:
-                last_rx = now
-                frames = decoder.feed(data)
-            elif decoder.pending_bytes and now - last_rx > 0.1:
-                frames = decoder.expire_partial()
-            else:
-                continue
-            self._handle(frames)
+            frames = decoder.receive(self.transport.read(), time.monotonic(), QUIET_S)
+            if frames:
+                self._handle(frames)
 
     def _handle(self, frames: list[Frame]) -> None:
         fresh: list[Applied] = []

@@ -213,7 +213,6 @@ class ResultLink:
         self._connected.set()
         next_seq = acked + 1
         sent_at: dict[int, float] = {}
-        last_rx = time.monotonic()
         while not self._stop.is_set():
             if self._peer_asked_hello:  # the peer restarted without its state and lost our stream
                 self._peer_asked_hello = False
@@ -237,14 +236,8 @@ class ResultLink:
                     self.stats.frames_sent += len(entries)
                     next_seq = entries[-1].seq + 1
             # read acknowledgements
-            data = self.transport.read()
             now = time.monotonic()
-            frames = decoder.feed(data) if data else []
-            if data:
-                last_rx = now
-            elif decoder.pending_bytes and now - last_rx > self.config.quiet_s:
-                frames = decoder.expire_partial()
-            for frame in frames:
+            for frame in decoder.receive(self.transport.read(), now, self.config.quiet_s):
                 acked, next_seq = self._on_frame(frame, acked, next_seq)
             for seq in [s for s in sent_at if s <= acked]:
                 del sent_at[seq]
@@ -260,7 +253,6 @@ class ResultLink:
         stream = self.journal.stream_id
         base = self.journal.first_unacked()
         sent = None
-        last_rx = time.monotonic()
         while not self._stop.is_set():
             now = time.monotonic()
             if sent is None or now - sent > self.config.hello_timeout_s:
@@ -268,13 +260,7 @@ class ResultLink:
                 self.transport.write(Frame(0, FrameType.HELLO, hello_payload(stream, base)).encode())
                 sent = now
             self._poll_failsafe()
-            data = self.transport.read()
-            frames = decoder.feed(data) if data else []
-            if data:
-                last_rx = now
-            elif decoder.pending_bytes and now - last_rx > self.config.quiet_s:
-                frames = decoder.expire_partial()
-            for frame in frames:
+            for frame in decoder.receive(self.transport.read(), now, self.config.quiet_s):
                 if frame.type is FrameType.HELLO_ACK and frame.payload == stream:
                     applied = max(frame.seq, base - 1)
                     self._acknowledge(frame.seq)

@@ -100,6 +100,18 @@ def test_quiet_line_expires_a_bogus_header_and_recovers_the_frame_inside():
     assert decoder.stats.stale_partial >= 1
 
 
+def test_receive_expires_a_partial_frame_only_after_the_line_is_quiet():
+    # The reader loops' contract: silence shorter than quiet_s keeps a partial frame
+    # (the rest may still be on the wire); longer silence drops it and rescans.
+    bogus = bytes([START, 1, 0, 0, 0, 9, FrameType.RESULT, 0x03, 0xE8])
+    decoder = FrameDecoder()
+    assert decoder.receive(bogus + GOOD, now=10.0, quiet_s=0.1) == []
+    assert decoder.receive(b"", now=10.05, quiet_s=0.1) == []  # still within the quiet window
+    assert decoder.pending_bytes > 0
+    assert [f.seq for f in decoder.receive(b"", now=10.2, quiet_s=0.1)] == [7]
+    assert decoder.pending_bytes == 0
+
+
 def test_max_payload_round_trips():
     payload = bytes(range(256)) * (MAX_PAYLOAD // 256)
     (frame,) = FrameDecoder().feed(Frame(1, FrameType.RESULT, payload).encode())
