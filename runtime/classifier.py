@@ -97,8 +97,8 @@ class Classifier:
         model = resolve(ref)
         manifest = model.manifest
         if manifest.kind is not ModelKind.VISION:
-            extra = " (audio classifiers are not supported by this runtime yet)" if manifest.kind is ModelKind.AUDIO else ""
-            raise BadInput(f"{manifest.ref} is a {manifest.kind.value} bundle; --input takes vision bundles{extra}")
+            raise BadInput(f"{manifest.ref} is a {manifest.kind.value} bundle; Classifier takes vision bundles "
+                           "(audio: runtime.audio_classifier.AudioClassifier)")
         budget = memory or default_budget()
         plan = plan_classifier(manifest, manifest.file("weights").size, budget, batch=batch, resident_bytes=resident_bytes)
         placement = resolve_placement(manifest.backend.value, target, require_accelerator=require_accelerator, threads=threads)

@@ -20,6 +20,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
+import numpy as np
+
 from runtime.bundle import BackendName, Manifest
 from runtime.errors import BadInput, DoesNotFit
 from runtime.units import fmt_bytes
@@ -78,17 +80,18 @@ class ClassifierPlan:
 
 def plan_classifier(manifest: Manifest, model_bytes: int, budget: int, *, batch: int = 1, resident_bytes: int = 0) -> ClassifierPlan:
     """The plan for ``manifest`` at ``batch``; raises DoesNotFit (nothing loaded) when it does not fit."""
-    if manifest.vision is None:
-        raise BadInput(f"{manifest.ref} is a {manifest.kind.value} bundle; the classifier planner takes vision bundles")
+    spec = manifest.vision or manifest.audio
+    if spec is None:
+        raise BadInput(f"{manifest.ref} is a {manifest.kind.value} bundle; the classifier planner takes vision and audio bundles")
     if manifest.backend not in RUNTIME_BYTES:
         valid = ", ".join(b.value for b in RUNTIME_BYTES)
         raise BadInput(f"{manifest.ref}: backend {manifest.backend.value!r} is not a classifier backend (valid: {valid})")
     if batch < 1 or budget < 1 or resident_bytes < 0:
         raise BadInput(f"plan: batch {batch}, budget {budget} and resident {resident_bytes} bytes must be positive")
-    spec = manifest.vision
     measured = spec.arena_bytes > 0
     itemsize = 4 if spec.input.dtype == "float32" else 1
-    per_row = spec.arena_bytes if measured else UNMEASURED_ARENA_INPUTS * 3 * spec.size * spec.size * itemsize
+    elements = 3 * spec.size * spec.size if manifest.vision is not None else int(np.prod(manifest.audio.input_shape))  # type: ignore[union-attr]
+    per_row = spec.arena_bytes if measured else UNMEASURED_ARENA_INPUTS * elements * itemsize
     plan = ClassifierPlan(
         model=manifest.ref,
         backend=manifest.backend.value,

@@ -1,4 +1,1 @@
-"""Audio model conversion (issue 4, second half): not implemented yet.
-
-``edgerun convert audio`` stays absent until converters/audio/cli.py exists.
-"""
+"""Audio model conversion: a classifier or detector plus its feature front end into a quantized, gated bundle."""

@@ -79,15 +79,22 @@ def latency_ms(backend: ClassifierBackend, x: np.ndarray, runs: int = LATENCY_RU
     return float(np.median(time_calls(backend, quantize(x[:1], tensor_quant(backend.input)), runs)) * 1000)
 
 
-def compare(ref: np.ndarray, test: np.ndarray, labels: np.ndarray | None) -> dict[str, Any]:
-    top1_ref, top1_test = ref.argmax(1), test.argmax(1)
-    top5_test = np.argsort(-test, axis=1)[:, :5]
-    dot = (ref * test).sum(1)
-    norms = np.linalg.norm(ref, axis=1) * np.linalg.norm(test, axis=1)
-    cos = np.where(norms > 0, dot / np.maximum(norms, 1e-30), 1.0)
+def compare(ref: np.ndarray, test: np.ndarray, labels: np.ndarray | None, threshold: float = 0.5) -> dict[str, Any]:
+    """The metrics above. One output column is a detector's score: "top-1" is then its decision (score >= ``threshold``),
+    top-5 agreement equals top-1, and the cosine is taken over the score column of all samples together."""
+    if ref.shape[1] == 1:
+        top1_ref, top1_test = (ref[:, 0] >= threshold).astype(int), (test[:, 0] >= threshold).astype(int)
+        top5_hit = top1_ref == top1_test
+        cos = np.array([float(ref[:, 0] @ test[:, 0] / max(np.linalg.norm(ref) * np.linalg.norm(test), 1e-30))])
+    else:
+        top1_ref, top1_test = ref.argmax(1), test.argmax(1)
+        top5_hit = (np.argsort(-test, axis=1)[:, :5] == top1_ref[:, None]).any(1)
+        dot = (ref * test).sum(1)
+        norms = np.linalg.norm(ref, axis=1) * np.linalg.norm(test, axis=1)
+        cos = np.where(norms > 0, dot / np.maximum(norms, 1e-30), 1.0)
     out: dict[str, Any] = {
         "top1_agreement": float((top1_ref == top1_test).mean()),
-        "top5_agreement": float((top5_test == top1_ref[:, None]).any(1).mean()),
+        "top5_agreement": float(top5_hit.mean()),
         "cosine_min": float(cos.min()),
         "cosine_mean": float(cos.mean()),
         "max_abs_error": float(np.abs(ref - test).max()),
@@ -105,11 +112,11 @@ def compare(ref: np.ndarray, test: np.ndarray, labels: np.ndarray | None) -> dic
 
 
 def run_gate(float_path: Path, quant_path: Path, model_format: str, x: np.ndarray, labels: np.ndarray | None,
-             min_agreement: float) -> tuple[GateReport, np.ndarray, np.ndarray]:
+             min_agreement: float, threshold: float = 0.5) -> tuple[GateReport, np.ndarray, np.ndarray]:
     with open_model(float_path, model_format) as ref_model, open_model(quant_path, model_format) as test_model:
         ref, test = outputs(ref_model, x), outputs(test_model, x)
         lat_ref, lat_test = latency_ms(ref_model, x), latency_ms(test_model, x)
-    metrics = compare(ref, test, labels)
+    metrics = compare(ref, test, labels, threshold)
     report = GateReport(samples=len(x), min_agreement=min_agreement, float_bytes=float_path.stat().st_size,
                         quant_bytes=quant_path.stat().st_size, float_latency_ms=lat_ref, quant_latency_ms=lat_test, **metrics)
     return report, ref, test
@@ -126,10 +133,14 @@ def plot(report: GateReport, ref: np.ndarray, test: np.ndarray, title: str, out:
         return False
     from runtime.preprocess import softmax
 
-    p_ref, p_test = softmax(ref), softmax(test)
-    top = ref.argmax(1)
-    agree = top == test.argmax(1)
-    x, y = p_ref[np.arange(len(top)), top], p_test[np.arange(len(top)), top]
+    if ref.shape[1] == 1:  # a detector: its scores, and the same decision at 0.5
+        x, y = ref[:, 0], test[:, 0]
+        agree = (x >= 0.5) == (y >= 0.5)
+    else:
+        p_ref, p_test = softmax(ref), softmax(test)
+        top = ref.argmax(1)
+        agree = top == test.argmax(1)
+        x, y = p_ref[np.arange(len(top)), top], p_test[np.arange(len(top)), top]
     fig, (a, b) = plt.subplots(1, 2, figsize=(9, 4), dpi=80)
     a.scatter(x[agree], y[agree], s=10, c="tab:blue", label=f"same top-1 ({agree.sum()})")
     a.scatter(x[~agree], y[~agree], s=18, c="tab:red", marker="x", label=f"different ({(~agree).sum()})")

@@ -146,25 +146,9 @@ def _convert(opts: Options, source: Source, labels: list[str] | None, work: Path
     float_path, bundle = work / f"float.{ext}", work / "bundle"
     bundle.mkdir()
     model_path = bundle / f"model.{ext}"
-    if opts.fmt is Format.TFLITE:
-        from converters.vision import tflite as route
-
-        route.export_float(source.module, cal.x, float_path, nhwc=spec.layout is Layout.NHWC)
-    else:
-        from converters.vision import onnx_route as route  # type: ignore[no-redef]
-
-        if source.kind is SourceKind.ONNX:
-            route.copy_float(source.onnx_path, float_path)  # type: ignore[arg-type]
-        else:
-            route.export_float(_nchw(source.module, spec), cal.x, float_path)
-    choice = choose(opts.quant, route.op_census(float_path))
-    if choice.quant is Quant.INT8:
-        calibration.check_calibration(cal, opts.calib)
-    log.info("recipe %s: %s", choice.quant.value, choice.why)
-    if opts.fmt is Format.TFLITE:
-        route.quantize(float_path, choice.quant, cal.x, model_path)
-    else:
-        route.quantize(float_path, choice.quant, cal.x, model_path, work)
+    onnx_module = None if source.module is None else _nchw(source.module, spec)
+    choice = build_quantized(source, opts.fmt, opts.quant, cal.x, opts.calib, work, model_path,
+                             nhwc=spec.layout is Layout.NHWC, onnx_module=onnx_module)
     report, ref, test = gate.run_gate(float_path, model_path, ext, ev.x, ev.labels, opts.min_agreement)
     data = _report(opts, choice, report, len(cal.x), source, ev, ref)
     if not report.passed:
@@ -191,14 +175,50 @@ def _convert(opts: Options, source: Source, labels: list[str] | None, work: Path
         source={"model": opts.model, "route": f"{source.kind.value}->{ext}", "calibration": str(opts.calib)},
         reports={"accuracy": data},
     )
+    package(bundle, manifest, opts.out)
+    return Result(manifest, opts.out, data)
+
+
+def build_quantized(source: Source, fmt: Format, quant: Quant, cal_x: np.ndarray, calib: Path, work: Path, model_path: Path,
+                    *, nhwc: bool = False, onnx_module: Any = None) -> Choice:
+    """Float model from ``source`` at ``work/float.EXT``, then the chosen recipe into ``model_path``; the choice made.
+
+    ``nhwc`` puts a layout transpose in front of a PyTorch module for TFLite; ``onnx_module`` is the module the
+    ONNX export takes (default: the source's own).
+    """
+    ext = fmt.value
+    float_path = work / f"float.{ext}"
+    if fmt is Format.TFLITE:
+        from converters.vision import tflite as route
+
+        route.export_float(source.module, cal_x, float_path, nhwc=nhwc)
+    else:
+        from converters.vision import onnx_route as route  # type: ignore[no-redef]
+
+        if source.kind is SourceKind.ONNX:
+            route.copy_float(source.onnx_path, float_path)  # type: ignore[arg-type]
+        else:
+            route.export_float(onnx_module if onnx_module is not None else source.module, cal_x, float_path)
+    choice = choose(quant, route.op_census(float_path))
+    if choice.quant is Quant.INT8:
+        calibration.check_calibration(calibration.Samples(cal_x, None, ()), calib)
+    log.info("recipe %s: %s", choice.quant.value, choice.why)
+    if fmt is Format.TFLITE:
+        route.quantize(float_path, choice.quant, cal_x, model_path)
+    else:
+        route.quantize(float_path, choice.quant, cal_x, model_path, work)
+    return choice
+
+
+def package(bundle: Path, manifest: Manifest, out: Path) -> None:
+    """Write the manifest into the finished ``bundle`` directory and make it visible at ``out`` (rename, or pack)."""
     (bundle / "manifest.json").write_bytes(manifest.to_json())
-    if opts.out.suffix == EXTENSION:
+    if out.suffix == EXTENSION:
         from runtime.store import pack
 
-        pack(bundle, opts.out)
+        pack(bundle, out)
     else:
-        bundle.rename(opts.out)
-    return Result(manifest, opts.out, data)
+        bundle.rename(out)
 
 
 def _nchw(module: Any, spec: VisionSpec) -> Any:

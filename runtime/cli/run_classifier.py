@@ -1,4 +1,4 @@
-"""``edgerun run BUNDLE --input FILE...``: top-k labels and scores for images, from a vision bundle."""
+"""``edgerun run BUNDLE --input FILE...``: top-k labels and scores for images (vision bundles) or WAV files (audio bundles)."""
 
 from __future__ import annotations
 
@@ -17,8 +17,19 @@ def main(args: argparse.Namespace) -> int:
         raise BadInput(f"--top-k {k} is not valid: use an integer >= 1")
     if args.threads is not None and args.threads < 1:
         raise BadInput(f"--threads {args.threads} is not valid: use an integer >= 1")
-    with Classifier.load(
-        args.model,
+    from runtime.bundle import ModelKind
+    from runtime.resolve import resolve
+
+    resolved = resolve(args.model)  # a .edgerun file is installed here, once; the loader then takes the installed directory
+    kind = resolved.manifest.kind
+    if kind is ModelKind.AUDIO:
+        from runtime.audio_classifier import AudioClassifier
+
+        loader = AudioClassifier.load
+    else:
+        loader = Classifier.load  # type: ignore[assignment]
+    with loader(
+        str(resolved.directory),
         threads=args.threads,
         target=args.target,
         require_accelerator=args.require_accelerator,
@@ -37,7 +48,16 @@ def main(args: argparse.Namespace) -> int:
             })
             return 0
         for pred in predictions:
-            print(pred.source)
+            print(pred.source + _audio_line(pred))
             for lab in pred.labels:
                 print(f"  {lab.score:7.2%}  {lab.label}  ({lab.index})")
     return 0
+
+
+def _audio_line(pred: object) -> str:
+    if not hasattr(pred, "at_seconds"):
+        return ""
+    extra = f" ({pred.seconds:.2f} s" + (f", resampled from {pred.resampled_from} Hz" if pred.resampled_from else "") + ")"
+    if pred.detected is not None:
+        extra += f": {'DETECTED' if pred.detected else 'not detected'} at {pred.at_seconds:.2f} s"
+    return extra

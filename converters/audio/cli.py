@@ -1,0 +1,63 @@
+"""``edgerun convert audio MODEL --calib WAV_DIR|NPZ --out BUNDLE ...``: flags map one to one onto :class:`pipeline.Options`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from converters.vision.recipes import Format, Quant, parse
+from runtime.audio import FrontEnd
+
+HELP = "audio classifier/detector (zoo:NAME, .pt2 or .onnx) + its feature front end -> calibrated INT8/INT4/FP16 TFLite or ONNX bundle"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("model", help="zoo:NAME (openwakeword-alexa, openwakeword-weather), a .pt2 ExportedProgram, or an .onnx file")
+    parser.add_argument("--calib", required=True, type=Path,
+                        help="calibration set: a folder of .wav files (through the front end) or an .npz with 'x' (model inputs)")
+    parser.add_argument("--out", required=True, type=Path, help="bundle directory, or a NAME.edgerun transport file")
+    parser.add_argument("--quant", default="auto", choices=[q.value for q in Quant],
+                        help="recipe (default auto: int8 for CNNs, int4w for matmul-heavy)")
+    parser.add_argument("--format", default="tflite", choices=[f.value for f in Format], help="tflite (LiteRT) or onnx (ONNX Runtime)")
+    parser.add_argument("--frontend", choices=[f.value for f in FrontEnd],
+                        help="feature front end (default: the zoo model's; waveform for files)")
+    parser.add_argument("--frontend-model", action="append", type=Path, default=[],
+                        help="front-end model file, in order (openwakeword: melspectrogram.onnx then embedding_model.onnx)")
+    parser.add_argument("--sample-rate", type=int, help="the model's sample rate in Hz (WAVs at other rates are resampled)")
+    parser.add_argument("--labels", type=Path, help="class labels, one per line")
+    parser.add_argument("--eval", type=Path, help="evaluation set: a folder of .wav files or an .npz with 'x'")
+    parser.add_argument("--min-agreement", type=float, default=0.99,
+                        help="fail below this top-1 (detectors: decision) agreement with the float model (default 0.99)")
+    parser.add_argument("--threshold", type=float, default=0.5, help="detectors: the score that counts as detected (default 0.5)")
+    parser.add_argument("--name", help="bundle name (default: from the model)")
+    parser.add_argument("--version", help="bundle version (default: QUANT-FORMAT)")
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+
+
+def main(args: argparse.Namespace) -> int:
+    from converters.audio.pipeline import Options, convert
+    from runtime.errors import BadInput
+
+    if args.sample_rate is not None and not 1000 <= args.sample_rate <= 384_000:
+        raise BadInput(f"--sample-rate {args.sample_rate} is not valid (1000..384000 Hz)")
+    opts = Options(
+        model=args.model, calib=args.calib, out=args.out,
+        quant=parse(Quant, args.quant, "--quant"), fmt=parse(Format, args.format, "--format"),
+        frontend=FrontEnd(args.frontend) if args.frontend else None, frontend_files=tuple(args.frontend_model),
+        sample_rate=args.sample_rate, labels=args.labels, eval=args.eval, min_agreement=args.min_agreement,
+        threshold=args.threshold, name=args.name, version=args.version,
+    )
+    result = convert(opts)
+    r = result.report
+    if args.json:
+        json.dump({"bundle": str(result.out), "ref": result.manifest.ref, "report": r}, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+        return 0
+    print(f"wrote {result.out} ({result.manifest.ref}, {r['recipe']} {r['format']}, {r['frontend']} front end at {r['sample_rate']} Hz): "
+          f"{r['why']}")
+    print(f"  gate: agreement {r['top1_agreement']:.1%}, max abs error {r['max_abs_error']:.3g} on {r['samples']} windows")
+    print(f"  size {r['float_bytes'] / 2**20:.2f} -> {r['quant_bytes'] / 2**20:.2f} MiB, "
+          f"latency {r['float_latency_ms']:.3f} -> {r['quant_latency_ms']:.3f} ms (1 thread)")
+    return 0

@@ -1,0 +1,208 @@
+"""One audio conversion: source -> float model -> quantized model -> gate -> bundle with its front end.
+
+Calibration and evaluation WAVs go through the bundle's own front end
+(:mod:`runtime.audio`: read, resample to the model's rate, windows), so the
+quantizer sees exactly what the runtime will feed; an .npz of ready windows
+(``x``) is taken as it is. The quantization routes, the gate and the atomic
+packaging are the vision converter's (:mod:`converters.vision.pipeline`).
+A one-output model is a detector: the gate's top-1 agreement is agreement of
+its decisions at the threshold (see :func:`converters.vision.gate.compare`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from converters.vision import gate
+from converters.vision.calib import MAX_CALIBRATION
+from converters.vision.pipeline import BACKEND, build_quantized, package
+from converters.vision.recipes import Format, Quant
+from converters.vision.source import Source, SourceKind, load_source
+from runtime.audio import FrontEnd, load_audio, open_frontend, wav_files
+from runtime.bundle import AudioSpec, FileEntry, Manifest, ModelKind, check_name, check_version, sha256_file
+from runtime.errors import BadInput
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Options:
+    model: str
+    calib: Path
+    out: Path
+    quant: Quant = Quant.AUTO
+    fmt: Format = Format.TFLITE
+    frontend: FrontEnd | None = None  # default: the zoo model's, else waveform
+    frontend_files: tuple[Path, ...] = ()
+    sample_rate: int | None = None
+    labels: Path | None = None
+    eval: Path | None = None
+    min_agreement: float = 0.99
+    threshold: float = 0.5
+    name: str | None = None
+    version: str | None = None
+
+
+@dataclass(frozen=True)
+class Result:
+    manifest: Manifest
+    out: Path
+    report: dict[str, Any]
+
+
+def _source(opts: Options) -> tuple[Source, FrontEnd, list[Path], int, list[str] | None]:
+    if opts.model.startswith("zoo:"):
+        from converters.audio import zoo
+
+        entry = zoo.find(opts.model[4:])
+        files = zoo.frontend_files()
+        module = zoo.build_head(files[0].parent / entry.head)
+        source = Source(SourceKind.TORCH, entry.name, module=module, labels=[entry.label], license=zoo.LICENSE)
+        return source, opts.frontend or FrontEnd.OPENWAKEWORD, list(opts.frontend_files) or files, opts.sample_rate or zoo.SAMPLE_RATE, None
+    source = load_source(opts.model)
+    if opts.sample_rate is None:
+        raise BadInput(f"{opts.model}: give --sample-rate (the rate the model's front end expects, e.g. 16000)")
+    return source, opts.frontend or FrontEnd.WAVEFORM, list(opts.frontend_files), opts.sample_rate, None
+
+
+def windows(folder: Path, frontend: Any, rate: int, limit: int | None = None) -> np.ndarray:
+    """Model inputs from a folder of WAVs (every window of every file, evenly thinned to ``limit``) or an .npz ``x``."""
+    if not folder.exists():
+        raise BadInput(f"{folder}: no such calibration/evaluation folder or .npz file")
+    if folder.is_file():
+        if folder.suffix != ".npz":
+            raise BadInput(f"{folder}: give a folder of .wav files or an .npz with an array 'x' of model inputs")
+        try:
+            with np.load(folder, allow_pickle=False) as data:
+                x = np.asarray(data["x"], np.float32)
+        except (KeyError, ValueError, OSError) as exc:
+            raise BadInput(f"{folder}: not an .npz with an array 'x' ({exc})") from None
+    else:
+        files = wav_files(folder)
+        if not files:
+            raise BadInput(f"{folder}: no .wav files (calibration and evaluation sets are folders of WAV files)")
+        x = np.concatenate([frontend.windows(load_audio(f, rate).samples, rate).x for f in files])
+    want = tuple(frontend.input_shape)
+    if x.ndim < 2 or tuple(x.shape[1:]) != want:
+        raise BadInput(f"{folder}: inputs have shape {x.shape[1:]}, the model takes {want}")
+    if not np.isfinite(x).all():
+        raise BadInput(f"{folder}: inputs contain NaN or infinity")
+    if limit is not None and len(x) > limit:
+        x = x[np.linspace(0, len(x) - 1, limit).round().astype(int)]
+    return np.ascontiguousarray(x)
+
+
+def convert(opts: Options) -> Result:
+    out = opts.out
+    if out.exists():
+        raise BadInput(f"{out} already exists; choose another --out or remove it")
+    if not out.parent.is_dir():
+        raise BadInput(f"{out.parent}: no such directory for --out")
+    if not 0.0 <= opts.min_agreement <= 1.0:
+        raise BadInput(f"--min-agreement {opts.min_agreement} must be between 0 and 1")
+    if not 0.0 < opts.threshold < 1.0:
+        raise BadInput(f"--threshold {opts.threshold} must be between 0 and 1")
+    source, kind, files, rate, _ = _source(opts)
+    if source.kind is not SourceKind.TORCH and opts.fmt is Format.TFLITE:
+        raise BadInput(f"{opts.model}: a {source.kind.value} model converts to ONNX only (litert-torch needs an nn.Module or "
+                       ".pt2; ONNX -> TFLite needs onnx2tf, which edgerun keeps out); use --format onnx")
+    for f in files:
+        if not f.is_file():
+            raise BadInput(f"{f}: no such front-end model file")
+    labels = source.labels
+    if opts.labels is not None:
+        from runtime.preprocess import read_labels
+
+        labels = read_labels(opts.labels)
+    work = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.convert-"))
+    try:
+        return _convert(opts, source, kind, files, rate, labels, work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _input_shape(source: Source, kind: FrontEnd, files: list[Path]) -> tuple[int, ...]:
+    if kind is FrontEnd.OPENWAKEWORD:
+        from runtime.audio import OWW_EMBEDDING_SIZE, OWW_EMBEDDINGS
+
+        return (OWW_EMBEDDINGS, OWW_EMBEDDING_SIZE)
+    if source.kind is SourceKind.ONNX:
+        import onnx
+
+        from converters.vision.onnx_route import input_name
+
+        name = input_name(source.onnx_path)  # type: ignore[arg-type]
+        graph = onnx.load(str(source.onnx_path), load_external_data=False).graph
+        dims = [d.dim_value for d in next(i for i in graph.input if i.name == name).type.tensor_type.shape.dim]
+        if len(dims) == 2 and dims[1] > 0:
+            return (dims[1],)
+    raise BadInput(f"{source.name}: a waveform model needs a fixed input of shape (N, SAMPLES); give it as an .onnx "
+                   "with that input, or use a zoo model")
+
+
+def _convert(opts: Options, source: Source, kind: FrontEnd, files: list[Path], rate: int, labels: list[str] | None,
+             work: Path) -> Result:
+    shape = _input_shape(source, kind, files)
+    frontend = open_frontend(kind, files, shape)
+    try:
+        cal = windows(opts.calib, frontend, rate, limit=MAX_CALIBRATION)
+        ev = windows(opts.eval, frontend, rate) if opts.eval else cal
+    finally:
+        frontend.close()
+    ext = opts.fmt.value
+    bundle = work / "bundle"
+    bundle.mkdir()
+    model_path = bundle / f"model.{ext}"
+    choice = build_quantized(source, opts.fmt, opts.quant, cal, opts.calib, work, model_path)
+    float_path = work / f"float.{ext}"
+    report, ref, test = gate.run_gate(float_path, model_path, ext, ev, None, opts.min_agreement, threshold=opts.threshold)
+    data = report.to_dict()
+    data.update(recipe=choice.quant.value, why=choice.why, format=ext, calibration_samples=len(cal), sample_rate=rate,
+                frontend=kind.value, evaluation=str(opts.eval) if opts.eval else f"the calibration set ({opts.calib}): no --eval given")
+    if not report.passed:
+        raise BadInput(f"accuracy gate failed: top-1 agreement {report.top1_agreement:.2%} with the float model is below "
+                       f"--min-agreement {opts.min_agreement:.2%} on {report.samples} windows (max abs error "
+                       f"{report.max_abs_error:.3g}); nothing was written. Try more representative --calib audio, or --quant fp16")
+    entries = [("weights", model_path)]
+    for i, f in enumerate(files):
+        dst = bundle / f"frontend-{i}-{f.name}"
+        shutil.copyfile(f, dst)
+        entries.append(("frontend", dst))
+    if labels:
+        (bundle / "labels.txt").write_text("\n".join(labels) + "\n", encoding="utf-8")
+        entries.append(("labels", bundle / "labels.txt"))
+    (bundle / "report.json").write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    entries.append(("report", bundle / "report.json"))
+    if gate.plot(report, ref, test, f"{opts.name or source.name} {choice.quant.value} {ext}", bundle / "report.png"):
+        entries.append(("report-plot", bundle / "report.png"))
+    with gate.open_model(model_path, ext) as backend:
+        io = (gate.tensor_quant(backend.input), gate.tensor_quant(backend.output))
+        arena = int(backend.tensor_bytes()) if ext == "tflite" else _onnx_arena(float_path)
+    spec = AudioSpec(sample_rate=rate, frontend=kind.value, input_shape=shape,
+                     frontend_files=tuple(p.name for role, p in entries if role == "frontend"), input=io[0], output=io[1],
+                     output_is_logits=False, threshold=opts.threshold, labels="labels.txt" if labels else None,
+                     quantization=choice.quant.value, arena_bytes=arena)
+    manifest = Manifest(
+        kind=ModelKind.AUDIO, backend=BACKEND[opts.fmt], model_format=ext,
+        name=check_name(opts.name or source.name), version=check_version(opts.version or f"{choice.quant.value}-{ext}"),
+        files=tuple(FileEntry(p.name, *sha256_file(p), role=role) for role, p in entries),
+        license=source.license, audio=spec,
+        source={"model": opts.model, "route": f"{source.kind.value}->{ext}", "calibration": str(opts.calib)},
+        reports={"accuracy": data},
+    )
+    package(bundle, manifest, opts.out)
+    return Result(manifest, opts.out, data)
+
+
+def _onnx_arena(float_path: Path) -> int:
+    from converters.vision.pipeline import _arena_bytes
+
+    return _arena_bytes(None, float_path, "onnx")

@@ -1,0 +1,129 @@
+"""Audio classifiers and detectors from audio bundles: WAV files in, labels and scores out.
+
+Each file is read and resampled to the bundle's rate (:mod:`runtime.audio`),
+cut into windows by the bundle's front end, and every window is classified; a
+file's result is its best window (the highest score of each class over the
+file) and where it ends. A one-output model is a detector (wake word, voice
+activity): its score is a probability and ``detected`` compares it with the
+manifest's threshold.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from runtime import preprocess
+from runtime.audio import Audio, FrontEnd, load_audio, open_frontend
+from runtime.backends.base import ClassifierBackend
+from runtime.bundle import AudioSpec, ModelKind
+from runtime.classifier import _check_quant, open_backend, time_calls
+from runtime.errors import BadInput
+from runtime.resolve import ResolvedModel, resolve
+from runtime.vision_plan import ClassifierPlan, plan_classifier
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class AudioPrediction:
+    source: str
+    seconds: float
+    labels: tuple[preprocess.Label, ...]  # best first, each class's best window
+    at_seconds: float  # where the best window of the top label ends
+    detected: bool | None  # detectors: top score >= threshold; None for multi-class models
+    resampled_from: int | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"input": self.source, "seconds": round(self.seconds, 3), "labels": [lab.to_dict() for lab in self.labels],
+                "at_seconds": round(self.at_seconds, 3), "detected": self.detected, "resampled_from": self.resampled_from}
+
+
+class AudioClassifier:
+    def __init__(self, model: ResolvedModel, backend: ClassifierBackend, frontend: Any, placement: Any, plan: ClassifierPlan,
+                 labels: list[str]) -> None:
+        self.model, self.backend, self.frontend, self.placement, self.plan = model, backend, frontend, placement, plan
+        spec = model.manifest.audio
+        assert spec is not None
+        self.spec: AudioSpec = spec
+        self.labels = labels
+        i, o = backend.input, backend.output
+        _check_quant(model.manifest.ref, "input", spec.input, i.dtype, i.scale, i.zero_point)
+        _check_quant(model.manifest.ref, "output", spec.output, o.dtype, o.scale, o.zero_point)
+        if tuple(i.shape[1:]) != spec.input_shape:
+            want = ', '.join(map(str, spec.input_shape))
+            raise BadInput(f"{model.manifest.ref}: the model takes {i.shape}, the manifest says (N, {want})")
+
+    @classmethod
+    def load(cls, ref: str, *, threads: int | None = None, target: str = "auto", require_accelerator: bool = False,
+             memory: int | None = None, batch: int = 1, resident_bytes: int = 0) -> AudioClassifier:
+        from devices.placement import resolve_placement
+        from runtime.plan import default_budget
+
+        model = resolve(ref)
+        manifest = model.manifest
+        if manifest.kind is not ModelKind.AUDIO or manifest.audio is None:
+            raise BadInput(f"{manifest.ref} is a {manifest.kind.value} bundle, not an audio one")
+        spec = manifest.audio
+        files = [model.directory / name for name in spec.frontend_files]
+        weights = manifest.file("weights").size + sum(f.stat().st_size for f in files)
+        plan = plan_classifier(manifest, weights, memory or default_budget(), batch=batch, resident_bytes=resident_bytes)
+        placement = resolve_placement(manifest.backend.value, target, require_accelerator=require_accelerator, threads=threads)
+        labels = preprocess.read_labels(model.directory / spec.labels) if spec.labels else []
+        frontend = open_frontend(FrontEnd(spec.frontend), files, spec.input_shape, threads=placement.threads)
+        try:
+            backend = open_backend(model, placement)
+        except BaseException:
+            frontend.close()
+            raise
+        try:
+            placement = placement.loaded(backend.offload())
+            log.info("%s", placement.summary())
+            return cls(model, backend, frontend, placement, plan, labels)
+        except BaseException:
+            backend.close()
+            frontend.close()
+            raise
+
+    @property
+    def is_detector(self) -> bool:
+        return int(np.prod(self.backend.output.shape[1:])) == 1
+
+    def scores(self, x: np.ndarray) -> np.ndarray:
+        """Front-end windows (float) -> scores, one row per window."""
+        raw = self.backend.run(preprocess.quantize(x, self.spec.input))
+        y = preprocess.dequantize(raw, self.spec.output).reshape(len(x), -1)
+        return preprocess.softmax(y) if self.spec.output_is_logits else y
+
+    def classify(self, audio: Audio, name: str, k: int) -> AudioPrediction:
+        windows = self.frontend.windows(audio.samples, audio.rate)
+        scores = self.scores(windows.x)
+        best = scores.max(axis=0)
+        labels = tuple(preprocess.top_k(best, self.labels, k))
+        at = float(windows.ends[int(scores[:, labels[0].index].argmax())])
+        detected = bool(best[0] >= self.spec.threshold) if self.is_detector else None
+        return AudioPrediction(name, audio.seconds, labels, at, detected, audio.resampled_from)
+
+    def classify_files(self, paths: list[Path | str], k: int) -> list[AudioPrediction]:
+        clips = [load_audio(p, self.spec.sample_rate) for p in paths]  # every file reads before any runs
+        for p, clip in zip(paths, clips, strict=True):
+            if clip.resampled_from:
+                log.warning("%s: resampled from %d Hz to the model's %d Hz", p, clip.resampled_from, clip.rate)
+        return [self.classify(clip, str(p), k) for p, clip in zip(paths, clips, strict=True)]
+
+    def latency(self, x: np.ndarray, runs: int, warmup: int = 3) -> list[float]:
+        return time_calls(self.backend, x, runs, warmup)
+
+    def close(self) -> None:
+        self.backend.close()
+        self.frontend.close()
+
+    def __enter__(self) -> AudioClassifier:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

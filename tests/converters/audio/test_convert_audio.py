@@ -1,0 +1,154 @@
+"""``edgerun convert audio``: openWakeWord's "alexa" head with its front end, calibrated on synthesized speech,
+through both routes; the bundles detect the wake word in held-out clips; every refusal leaves nothing behind."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from converters.vision.gate import compare
+from runtime.bundle import read_manifest_dir, verify_dir
+from runtime.cli import main as edgerun
+from tests.converters.audio.speech import OTHER, WAKE, synthesize
+
+
+@pytest.fixture(scope="module")
+def speech(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
+    root = tmp_path_factory.mktemp("speech")
+    calib = root / "calib"
+    synthesize(calib, WAKE[:4] + OTHER[:5], [0.85, 1.0, 1.2])
+    held_out = root / "eval"
+    paths = synthesize(held_out, WAKE[4:] + OTHER[5:], [0.9, 1.1], seed=1)
+    wake = {p for p in paths if int(p.name[:2]) < len(WAKE[4:])}
+    return {"calib": calib, "eval": held_out, "paths": paths, "wake": wake}
+
+
+def _convert(speech: dict[str, object], out: Path, fmt: str, quant: str, *extra: str) -> list[str]:
+    return ["convert", "audio", "zoo:openwakeword-alexa", "--calib", str(speech["calib"]), "--eval", str(speech["eval"]),
+            "--format", fmt, "--quant", quant, "--out", str(out), *extra]
+
+
+@pytest.fixture(scope="module")
+def bundles(speech: dict[str, object], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("audio-bundles")
+    out = {"tflite-int8": root / "alexa-tflite-int8", "onnx-int8": root / "alexa-onnx.edgerun"}
+    assert edgerun(_convert(speech, out["tflite-int8"], "tflite", "int8")) == 0
+    assert edgerun(_convert(speech, out["onnx-int8"], "onnx", "int8")) == 0  # a transport file: installed on first run
+    return out
+
+
+def test_int8_tflite_bundle_carries_front_end_and_passes_gate(bundles: dict[str, Path]) -> None:
+    bundle = bundles["tflite-int8"]
+    manifest = read_manifest_dir(bundle)
+    verify_dir(bundle, manifest)
+    spec = manifest.audio
+    assert manifest.kind.value == "audio" and manifest.backend.value == "litert"
+    assert spec is not None and spec.sample_rate == 16000 and spec.frontend == "openwakeword" and spec.input_shape == (16, 96)
+    assert [f.role for f in manifest.files if f.path in spec.frontend_files] == ["frontend", "frontend"]
+    assert spec.input.dtype == "int8" and spec.output.dtype == "int8" and spec.quantization == "int8" and spec.arena_bytes > 0
+    report = manifest.reports["accuracy"]
+    assert report == json.loads((bundle / "report.json").read_text())
+    assert report["passed"] and report["top1_agreement"] >= 0.99 and report["samples"] > 100
+    assert report["quant_bytes"] * 3 < report["float_bytes"]
+    assert "CC-BY-NC-SA" in manifest.license
+
+
+@pytest.mark.parametrize("which", ["tflite-int8", "onnx-int8"])
+def test_run_detects_the_wake_word_in_held_out_clips(bundles: dict[str, Path], speech: dict[str, object], which: str,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    paths = speech["paths"]
+    capsys.readouterr()
+    assert edgerun(["run", str(bundles[which]), "--input", *map(str, paths), "--json"]) == 0  # type: ignore[arg-type]
+    out = json.loads(capsys.readouterr().out)
+    got = {Path(p["input"]): p for p in out["predictions"]}
+    for path in paths:  # type: ignore[attr-defined]
+        p = got[path]
+        assert p["detected"] == (path in speech["wake"]), (path, p)  # type: ignore[operator]
+        assert p["resampled_from"] == 22050 and p["labels"][0]["label"] == "alexa"
+        if p["detected"]:
+            assert 0.2 < p["at_seconds"] <= p["seconds"] + 0.5  # the word is heard inside the clip, not in the padding
+
+
+def test_detector_gate_compares_decisions() -> None:
+    ref = np.array([[0.9], [0.1], [0.6], [0.4]])
+    m = compare(ref, np.array([[0.8], [0.2], [0.4], [0.45]]), None)
+    assert m["top1_agreement"] == 0.75 and m["top5_agreement"] == 0.75  # one decision flipped (0.6 -> 0.4)
+    assert compare(ref, ref * 0.99, None, threshold=0.595)["top1_agreement"] == 0.75  # 0.6 * 0.99 falls below 0.595
+
+
+def _npz(path: Path, **arrays: np.ndarray) -> Path:
+    np.savez(path, **arrays)
+    return path
+
+
+def _silence(tmp: Path) -> Path:
+    from runtime.audio import write_wav
+
+    folder = tmp / "silence"
+    folder.mkdir()
+    for i in range(3):
+        write_wav(folder / f"{i}.wav", np.zeros(32000, np.float32), 16000)
+    return folder
+
+
+def _bad_wav_folder(tmp: Path) -> Path:
+    folder = tmp / "bad"
+    folder.mkdir()
+    (folder / "broken.wav").write_bytes(b"RIFF\x00\x00\x00\x00WAVEjunk")
+    return folder
+
+
+CASES = [
+    ("empty-folder", lambda s, t: ["--calib", str((t / "none").mkdir() or t / "none")], "no .wav files"),
+    ("corrupt-wav", lambda s, t: ["--calib", str(_bad_wav_folder(t))], "not a PCM WAV file"),
+    ("npz-wrong-shape", lambda s, t: ["--calib", str(_npz(t / "c.npz", x=np.zeros((20, 16, 95), np.float32)))], "the model takes (16, 96)"),
+    ("bad-agreement", lambda s, t: ["--min-agreement", "1.5"], "between 0 and 1"),
+    ("bad-threshold", lambda s, t: ["--threshold", "0"], "--threshold"),
+    ("unknown-zoo", lambda s, t: ["--name", "x"], "not known"),
+    # calibrated on silence, every activation range collapses: the gate must catch it and write nothing
+    ("gate-fails", lambda s, t: ["--calib", str(_silence(t))], "accuracy gate failed"),
+]
+
+
+@pytest.mark.parametrize("case, extra, message", CASES, ids=[c[0] for c in CASES])
+def test_refusals_exit_2_and_leave_nothing(speech: dict[str, object], tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                           case: str, extra, message: str) -> None:
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    args = _convert(speech, out_dir / "bundle", "tflite", "int8")
+    args += extra(speech, tmp_path)
+    if case == "unknown-zoo":
+        args[2] = "zoo:hey-nobody"
+    capsys.readouterr()
+    assert edgerun(args) == 2
+    err = capsys.readouterr().err
+    assert message in err, err
+    assert list(out_dir.iterdir()) == []
+
+
+def test_run_refuses_a_file_that_is_not_wav(bundles: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "photo.wav"
+    bad.write_bytes(b"\xff\xd8\xff\xe0 a jpeg")
+    capsys.readouterr()
+    assert edgerun(["run", str(bundles["tflite-int8"]), "--input", str(bad)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert any("not a WAV file" in line and str(bad) in line for line in err), err
+
+
+def test_audio_run_opens_no_connection(bundles: dict[str, Path], speech: dict[str, object]) -> None:
+    """WAV in, detection out, in a fresh interpreter with an audit hook on every network call: none happens."""
+    import os
+    import subprocess
+    import sys
+
+    root = Path(__file__).parents[3]
+    probe = root / "tests" / "runtime" / "offline_probe.py"
+    clip = str(sorted(speech["wake"])[0])  # type: ignore[call-overload]
+    out = subprocess.run([sys.executable, str(probe), "--cli", "run", str(bundles["tflite-int8"]), "--input", clip, "--json"],
+                         capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(root)}, timeout=120, check=True)
+    report = json.loads(out.stdout.strip().splitlines()[-1])
+    assert report["chat"] == "0" and json.loads(report["text"])["predictions"][0]["detected"] is True  # it really ran
+    assert report["events"] == [] and report["hub_modules"] == []
