@@ -152,3 +152,11 @@ def test_audio_run_opens_no_connection(bundles: dict[str, Path], speech: dict[st
     report = json.loads(out.stdout.strip().splitlines()[-1])
     assert report["chat"] == "0" and json.loads(report["text"])["predictions"][0]["detected"] is True  # it really ran
     assert report["events"] == [] and report["hub_modules"] == []
+
+
+def test_bench_times_the_head_and_the_front_end(bundles: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    capsys.readouterr()
+    assert edgerun(["bench", str(bundles["tflite-int8"]), "--threads", "1", "--runs", "5", "--batch", "4", "--json"]) == 0
+    row = json.loads(capsys.readouterr().out)["results"][0]
+    assert row["p50_ms"] > 0 and row["throughput_per_s"] > 0 and row["frontend_ms_per_audio_s"] > 0
+    assert row["placement"]["backend"] == "litert"
