@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 from pathlib import Path
 
+from converters.vision.cli import add_gate_arguments, add_output_arguments
 from converters.vision.recipes import Format, Quant, parse
 from runtime.audio import FrontEnd
+from runtime.cli.common import print_json
 
 HELP = "audio classifier/detector (zoo:NAME, .pt2 or .onnx) + its feature front end -> calibrated INT8/INT4/FP16 TFLite or ONNX bundle"
 
@@ -17,10 +17,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model", help="zoo:NAME (openwakeword-alexa, openwakeword-weather), a .pt2 ExportedProgram, or an .onnx file")
     parser.add_argument("--calib", required=True, type=Path,
                         help="calibration set: a folder of .wav files (through the front end) or an .npz with 'x' (model inputs)")
-    parser.add_argument("--out", required=True, type=Path, help="bundle directory, or a NAME.edgerun transport file")
-    parser.add_argument("--quant", default="auto", choices=[q.value for q in Quant],
-                        help="recipe (default auto: int8 for CNNs, int4w for matmul-heavy)")
-    parser.add_argument("--format", default="tflite", choices=[f.value for f in Format], help="tflite (LiteRT) or onnx (ONNX Runtime)")
+    add_output_arguments(parser)
     parser.add_argument("--frontend", choices=[f.value for f in FrontEnd],
                         help="feature front end (default: the zoo model's; waveform for files)")
     parser.add_argument("--frontend-model", action="append", type=Path, default=[],
@@ -28,12 +25,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sample-rate", type=int, help="the model's sample rate in Hz (WAVs at other rates are resampled)")
     parser.add_argument("--labels", type=Path, help="class labels, one per line")
     parser.add_argument("--eval", type=Path, help="evaluation set: a folder of .wav files or an .npz with 'x'")
-    parser.add_argument("--min-agreement", type=float, default=0.99,
-                        help="fail below this top-1 (detectors: decision) agreement with the float model (default 0.99)")
     parser.add_argument("--threshold", type=float, default=0.5, help="detectors: the score that counts as detected (default 0.5)")
-    parser.add_argument("--name", help="bundle name (default: from the model)")
-    parser.add_argument("--version", help="bundle version (default: QUANT-FORMAT)")
-    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    add_gate_arguments(parser, "top-1 (detectors: decision) agreement")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -52,8 +45,7 @@ def main(args: argparse.Namespace) -> int:
     result = convert(opts)
     r = result.report
     if args.json:
-        json.dump({"bundle": str(result.out), "ref": result.manifest.ref, "report": r}, sys.stdout, indent=2)
-        sys.stdout.write("\n")
+        print_json({"bundle": str(result.out), "ref": result.manifest.ref, "report": r})
         return 0
     print(f"wrote {result.out} ({result.manifest.ref}, {r['recipe']} {r['format']}, {r['frontend']} front end at {r['sample_rate']} Hz): "
           f"{r['why']}")

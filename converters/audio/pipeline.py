@@ -11,7 +11,6 @@ its decisions at the threshold (see :func:`converters.vision.gate.compare`).
 
 from __future__ import annotations
 
-import json
 import logging
 import shutil
 import tempfile
@@ -23,11 +22,11 @@ import numpy as np
 
 from converters.vision import gate
 from converters.vision.calib import MAX_CALIBRATION
-from converters.vision.pipeline import BACKEND, build_quantized, package
+from converters.vision.pipeline import build_quantized, check_output, make_manifest, package, write_extras
 from converters.vision.recipes import Format, Quant
 from converters.vision.source import Source, SourceKind, load_source
 from runtime.audio import FrontEnd, load_audio, open_frontend, wav_files
-from runtime.bundle import AudioSpec, FileEntry, Manifest, ModelKind, check_name, check_version, sha256_file
+from runtime.bundle import AudioSpec, Manifest, ModelKind
 from runtime.errors import BadInput
 
 log = logging.getLogger(__name__)
@@ -102,12 +101,7 @@ def windows(folder: Path, frontend: Any, rate: int, limit: int | None = None) ->
 
 def convert(opts: Options) -> Result:
     out = opts.out
-    if out.exists():
-        raise BadInput(f"{out} already exists; choose another --out or remove it")
-    if not out.parent.is_dir():
-        raise BadInput(f"{out.parent}: no such directory for --out")
-    if not 0.0 <= opts.min_agreement <= 1.0:
-        raise BadInput(f"--min-agreement {opts.min_agreement} must be between 0 and 1")
+    check_output(out, opts.min_agreement)
     if not 0.0 < opts.threshold < 1.0:
         raise BadInput(f"--threshold {opts.threshold} must be between 0 and 1")
     source, kind, files, rate, _ = _source(opts)
@@ -176,33 +170,14 @@ def _convert(opts: Options, source: Source, kind: FrontEnd, files: list[Path], r
         dst = bundle / f"frontend-{i}-{f.name}"
         shutil.copyfile(f, dst)
         entries.append(("frontend", dst))
-    if labels:
-        (bundle / "labels.txt").write_text("\n".join(labels) + "\n", encoding="utf-8")
-        entries.append(("labels", bundle / "labels.txt"))
-    (bundle / "report.json").write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
-    entries.append(("report", bundle / "report.json"))
-    if gate.plot(report, ref, test, f"{opts.name or source.name} {choice.quant.value} {ext}", bundle / "report.png"):
-        entries.append(("report-plot", bundle / "report.png"))
-    with gate.open_model(model_path, ext) as backend:
-        io = (gate.tensor_quant(backend.input), gate.tensor_quant(backend.output))
-        arena = int(backend.tensor_bytes()) if ext == "tflite" else _onnx_arena(float_path)
+    title = f"{opts.name or source.name} {choice.quant.value} {ext}"
+    io, arena = write_extras(bundle, entries, labels, data, (report, ref, test), title, model_path, float_path)
     spec = AudioSpec(sample_rate=rate, frontend=kind.value, input_shape=shape,
                      frontend_files=tuple(p.name for role, p in entries if role == "frontend"), input=io[0], output=io[1],
                      output_is_logits=False, threshold=opts.threshold, labels="labels.txt" if labels else None,
                      quantization=choice.quant.value, arena_bytes=arena)
-    manifest = Manifest(
-        kind=ModelKind.AUDIO, backend=BACKEND[opts.fmt], model_format=ext,
-        name=check_name(opts.name or source.name), version=check_version(opts.version or f"{choice.quant.value}-{ext}"),
-        files=tuple(FileEntry(p.name, *sha256_file(p), role=role) for role, p in entries),
-        license=source.license, audio=spec,
-        source={"model": opts.model, "route": f"{source.kind.value}->{ext}", "calibration": str(opts.calib)},
-        reports={"accuracy": data},
-    )
+    manifest = make_manifest(ModelKind.AUDIO, opts.fmt, opts.name or source.name, opts.version or f"{choice.quant.value}-{ext}",
+                             entries, source, {"model": opts.model, "calibration": str(opts.calib)}, data, audio=spec)
     package(bundle, manifest, opts.out)
     return Result(manifest, opts.out, data)
 
-
-def _onnx_arena(float_path: Path) -> int:
-    from converters.vision.pipeline import _arena_bytes
-
-    return _arena_bytes(None, float_path, "onnx")

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 from pathlib import Path
 
 from converters.vision.recipes import Format, Quant, parse
 from runtime.bundle import ColorOrder, Layout, ResizeMode
+from runtime.cli.common import print_json
 from runtime.errors import BadInput
 
 HELP = "image classifier (PyTorch zoo:NAME/.pt2/TorchScript or ONNX) -> calibrated INT8/INT4/FP16 TFLite or ONNX bundle"
@@ -29,10 +28,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="zoo:NAME (efficientnet-lite0, mobilenet-v2), a .pt2 ExportedProgram, a TorchScript file, or an .onnx file")
     parser.add_argument("--calib", required=True, type=Path,
                         help="calibration set: a folder of images or an .npz of float inputs (100-500 samples)")
-    parser.add_argument("--out", required=True, type=Path, help="bundle directory, or a NAME.edgerun transport file")
-    parser.add_argument("--quant", default="auto", choices=[q.value for q in Quant],
-                        help="recipe (default auto: int8 for CNNs, int4w for matmul-heavy)")
-    parser.add_argument("--format", default="tflite", choices=[f.value for f in Format], help="tflite (LiteRT) or onnx (ONNX Runtime)")
+    add_output_arguments(parser)
     parser.add_argument("--size", type=int, help="square input side in pixels (default: the model's)")
     parser.add_argument("--layout", choices=[v.value for v in Layout], help="input layout (default nhwc for tflite, nchw for onnx)")
     parser.add_argument("--mean", help="per-channel mean in pixel units, one or three values: input = (pixel - mean) / std")
@@ -41,8 +37,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--resize", default="center-crop", choices=[v.value for v in ResizeMode])
     parser.add_argument("--labels", type=Path, help="class labels, one per line")
     parser.add_argument("--eval", type=Path, help="evaluation set (folder, optionally with label-named subfolders, or .npz with x, y)")
-    parser.add_argument("--min-agreement", type=float, default=0.99,
-                        help="fail below this top-1 agreement with the float model (default 0.99)")
+    add_gate_arguments(parser, "top-1 agreement")
+
+
+def add_output_arguments(parser: argparse.ArgumentParser) -> None:
+    """--out, --quant, --format: shared by the vision and audio converters."""
+    parser.add_argument("--out", required=True, type=Path, help="bundle directory, or a NAME.edgerun transport file")
+    parser.add_argument("--quant", default="auto", choices=[q.value for q in Quant],
+                        help="recipe (default auto: int8 for CNNs, int4w for matmul-heavy)")
+    parser.add_argument("--format", default="tflite", choices=[f.value for f in Format], help="tflite (LiteRT) or onnx (ONNX Runtime)")
+
+
+def add_gate_arguments(parser: argparse.ArgumentParser, what: str) -> None:
+    """--min-agreement, --name, --version, --json: shared by the vision and audio converters."""
+    parser.add_argument("--min-agreement", type=float, default=0.99, help=f"fail below this {what} with the float model (default 0.99)")
     parser.add_argument("--name", help="bundle name (default: from the model)")
     parser.add_argument("--version", help="bundle version (default: QUANT-FORMAT)")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
@@ -64,8 +72,7 @@ def main(args: argparse.Namespace) -> int:
     result = convert(opts)
     r = result.report
     if args.json:
-        json.dump({"bundle": str(result.out), "ref": result.manifest.ref, "report": r}, sys.stdout, indent=2)
-        sys.stdout.write("\n")
+        print_json({"bundle": str(result.out), "ref": result.manifest.ref, "report": r})
         return 0
     print(f"wrote {result.out} ({result.manifest.ref}, {r['recipe']} {r['format']}): {r['why']}")
     acc = ""

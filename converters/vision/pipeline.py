@@ -107,12 +107,7 @@ def _onnx_size_layout(path: Path, opts: Options) -> tuple[int | None, Layout | N
 
 def convert(opts: Options) -> Result:
     out = opts.out
-    if out.exists():
-        raise BadInput(f"{out} already exists; choose another --out or remove it")
-    if not out.parent.is_dir():
-        raise BadInput(f"{out.parent}: no such directory for --out")
-    if not 0.0 <= opts.min_agreement <= 1.0:
-        raise BadInput(f"--min-agreement {opts.min_agreement} must be between 0 and 1")
+    check_output(out, opts.min_agreement)
     source = load_source(opts.model)
     _check_route(source, opts.fmt)
     if source.kind is SourceKind.ONNX:
@@ -127,6 +122,16 @@ def convert(opts: Options) -> Result:
         return _convert(opts, source, labels, work)
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def check_output(out: Path, min_agreement: float) -> None:
+    """Refusals before any work: an existing --out, a missing parent directory, an agreement outside 0..1."""
+    if out.exists():
+        raise BadInput(f"{out} already exists; choose another --out or remove it")
+    if not out.parent.is_dir():
+        raise BadInput(f"{out.parent}: no such directory for --out")
+    if not 0.0 <= min_agreement <= 1.0:
+        raise BadInput(f"--min-agreement {min_agreement} must be between 0 and 1")
 
 
 def calibration_labels(opts: Options, source: Source) -> list[str] | None:
@@ -156,27 +161,39 @@ def _convert(opts: Options, source: Source, labels: list[str] | None, work: Path
                        f"--min-agreement {opts.min_agreement:.2%} on {report.samples} samples (cosine min {report.cosine_min:.4f}); "
                        f"nothing was written. Try more or more representative --calib data, or --quant fp16")
     files = [("weights", model_path)]
+    title = f"{opts.name or source.name} {choice.quant.value} {ext}"
+    io, arena = write_extras(bundle, files, labels, data, (report, ref, test), title, model_path, float_path)
+    spec = VisionSpec(**{**spec.__dict__, "input": io[0], "output": io[1], "quantization": choice.quant.value, "arena_bytes": arena})
+    manifest = make_manifest(ModelKind.VISION, opts.fmt, opts.name or source.name, opts.version or f"{choice.quant.value}-{ext}",
+                             files, source, {"model": opts.model, "calibration": str(opts.calib)}, data, vision=spec)
+    package(bundle, manifest, opts.out)
+    return Result(manifest, opts.out, data)
+
+
+def write_extras(bundle: Path, files: list[tuple[str, Path]], labels: list[str] | None, data: dict[str, Any],
+                 gated: tuple[gate.GateReport, np.ndarray, np.ndarray], title: str, model_path: Path,
+                 float_path: Path) -> tuple[tuple[Any, Any], int]:
+    """labels.txt, report.json and report.png into ``bundle`` (appended to ``files`` with their roles); then the
+    quantized model's input/output quantization and its measured arena bytes."""
     if labels:
         (bundle / "labels.txt").write_text("\n".join(labels) + "\n", encoding="utf-8")
         files.append(("labels", bundle / "labels.txt"))
     (bundle / "report.json").write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
     files.append(("report", bundle / "report.json"))
-    if gate.plot(report, ref, test, f"{opts.name or source.name} {choice.quant.value} {ext}", bundle / "report.png"):
+    if gate.plot(*gated, title, bundle / "report.png"):
         files.append(("report-plot", bundle / "report.png"))
+    ext = model_path.suffix[1:]
     with gate.open_model(model_path, ext) as backend:
-        io = (gate.tensor_quant(backend.input), gate.tensor_quant(backend.output))
-        arena = _arena_bytes(backend, float_path, ext)
-    spec = VisionSpec(**{**spec.__dict__, "input": io[0], "output": io[1], "quantization": choice.quant.value, "arena_bytes": arena})
-    manifest = Manifest(
-        kind=ModelKind.VISION, backend=BACKEND[opts.fmt], model_format=ext,
-        name=check_name(opts.name or source.name), version=check_version(opts.version or f"{choice.quant.value}-{ext}"),
-        files=tuple(FileEntry(p.name, *sha256_file(p), role=role) for role, p in files),
-        license=source.license, vision=spec,
-        source={"model": opts.model, "route": f"{source.kind.value}->{ext}", "calibration": str(opts.calib)},
-        reports={"accuracy": data},
+        return (gate.tensor_quant(backend.input), gate.tensor_quant(backend.output)), _arena_bytes(backend, float_path, ext)
+
+
+def make_manifest(kind: ModelKind, fmt: Format, name: str, version: str, files: list[tuple[str, Path]], source: Source,
+                  origin: dict[str, str], data: dict[str, Any], **spec: Any) -> Manifest:
+    return Manifest(
+        kind=kind, backend=BACKEND[fmt], model_format=fmt.value, name=check_name(name), version=check_version(version),
+        files=tuple(FileEntry(p.name, *sha256_file(p), role=role) for role, p in files), license=source.license,
+        source={**origin, "route": f"{source.kind.value}->{fmt.value}"}, reports={"accuracy": data}, **spec,
     )
-    package(bundle, manifest, opts.out)
-    return Result(manifest, opts.out, data)
 
 
 def build_quantized(source: Source, fmt: Format, quant: Quant, cal_x: np.ndarray, calib: Path, work: Path, model_path: Path,
