@@ -75,6 +75,8 @@ def _check_route(source: Source, fmt: Format) -> None:
     if fmt is Format.TFLITE and source.kind is SourceKind.ONNX:
         raise BadInput("an ONNX model converts to ONNX only: ONNX -> TFLite needs onnx2tf, which edgerun keeps out "
                        "(it pins old packages and downloads data); use --format onnx")
+    if fmt is Format.ONNX and source.kind is SourceKind.KERAS:
+        raise BadInput("a Keras model converts to TFLite only: Keras -> ONNX needs tf2onnx, which edgerun keeps out; use --format tflite")
     if fmt is Format.TFLITE and source.kind is SourceKind.TORCHSCRIPT:
         raise BadInput("a TorchScript model converts to ONNX only (litert-torch needs torch.export); use --format onnx, "
                        "or save the model with torch.export.save as .pt2")
@@ -85,6 +87,8 @@ def _spec(opts: Options, source: Source, labels_file: str | None) -> VisionSpec:
     if size is None:
         raise BadInput(f"{opts.model}: give --size (the model's square input side in pixels)")
     layout = opts.layout or (Layout.NHWC if opts.fmt is Format.TFLITE else Layout.NCHW)
+    if source.kind is SourceKind.KERAS and (layout is Layout.NCHW or (source.size and size != source.size)):
+        raise BadInput(f"{opts.model}: the Keras model takes NHWC {source.size}px images, not --size {size} --layout {layout.value}")
     return VisionSpec(size=size, layout=layout, color_order=opts.color_order, resize=opts.resize,
                       mean=opts.mean or source.mean or (0.0,), std=opts.std or source.std or (1.0,), labels=labels_file)
 
@@ -208,7 +212,10 @@ def build_quantized(source: Source, fmt: Format, quant: Quant, cal_x: np.ndarray
     if fmt is Format.TFLITE:
         from converters.vision import tflite as route
 
-        route.export_float(source.module, cal_x, float_path, nhwc=nhwc)
+        if source.kind is SourceKind.KERAS:
+            route.export_keras(source.keras_path, float_path, work)  # type: ignore[arg-type]
+        else:
+            route.export_float(source.module, cal_x, float_path, nhwc=nhwc)
     else:
         from converters.vision import onnx_route as route  # type: ignore[no-redef]
 

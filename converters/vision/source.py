@@ -1,9 +1,9 @@
 """What ``edgerun convert vision MODEL`` accepts, loaded into one shape: a torch module or an ONNX file.
 
 MODEL is ``zoo:NAME`` (a packaged ImageNet model), a ``.pt2`` ExportedProgram,
-a TorchScript file (``.pt``/``.ts``, ONNX route only), or an ``.onnx`` file.
-Keras/SavedModel input needs ``tensorflow-cpu``, which this build keeps out; it
-is refused with that reason.
+a TorchScript file (``.pt``/``.ts``, ONNX route only), an ``.onnx`` file, or a
+Keras model (``.keras`` file or a SavedModel directory; TFLite route only,
+through ``tensorflow-cpu``). Legacy ``.h5`` files are refused: re-save as ``.keras``.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ class SourceKind(str, enum.Enum):
     TORCH = "torch"  # an nn.Module (zoo or ExportedProgram): TFLite and ONNX routes
     TORCHSCRIPT = "torchscript"  # ONNX route only: litert-torch needs torch.export
     ONNX = "onnx"  # ONNX route only
+    KERAS = "keras"  # .keras file or SavedModel directory: TFLite route only (tensorflow's converter)
 
 
 @dataclass
@@ -32,6 +33,7 @@ class Source:
     name: str  # default bundle name
     module: Any = None  # torch module (TORCH, TORCHSCRIPT)
     onnx_path: Path | None = None
+    keras_path: Path | None = None
     size: int | None = None  # defaults the model brings (zoo)
     mean: tuple[float, ...] | None = None
     std: tuple[float, ...] | None = None
@@ -62,9 +64,14 @@ def load_source(ref: str) -> Source:
     path = Path(ref)
     if not path.exists():
         raise BadInput(f"{ref}: no such model file (give zoo:NAME, a .pt2 ExportedProgram, a TorchScript file or an .onnx file)")
-    if path.is_dir() or path.suffix in KERAS_SUFFIXES:
-        raise BadInput(f"{ref}: Keras/SavedModel input needs tensorflow-cpu, which this edgerun build does not include; "
-                       "export the model to ONNX (tf2onnx) and convert the .onnx file")
+    if path.suffix == ".h5":
+        raise BadInput(f"{ref}: legacy HDF5 Keras files are not read; load it in Keras and save it as .keras (or model.export(DIR))")
+    if path.is_dir() or path.suffix == ".keras":
+        if path.is_dir() and not (path / "saved_model.pb").is_file():
+            raise BadInput(f"{ref}: a directory must be a SavedModel (saved_model.pb inside); give a model file or SavedModel directory")
+        from converters.vision.tflite import keras_input_size
+
+        return Source(SourceKind.KERAS, _stem(path), keras_path=path, size=keras_input_size(path))
     if path.suffix == ".onnx":
         return Source(SourceKind.ONNX, _stem(path), onnx_path=path)
     torch = _torch()

@@ -67,6 +67,59 @@ def export_float(module: Any, example: np.ndarray, out: Path, nhwc: bool) -> Non
         converted.export(str(out))
 
 
+def _tensorflow():
+    import os
+
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's C++ start-up chatter
+    return _need("tensorflow", "pip install tensorflow-cpu==2.21.0")
+
+
+def _saved_model(path: Path, work: Path) -> Path:
+    """A SavedModel directory for ``path`` (a .keras file is exported into ``work`` first)."""
+    if path.is_dir():
+        return path
+    tf = _tensorflow()
+    try:
+        model = tf.keras.models.load_model(str(path), compile=False)
+    except Exception as exc:
+        raise BadInput(f"{path}: not a loadable Keras model ({type(exc).__name__}: {str(exc)[:300]})") from None
+    out = work / "saved_model"
+    with contextlib.redirect_stdout(sys.stderr):
+        model.export(str(out), format="tf_saved_model")
+    return out
+
+
+def keras_input_size(path: Path) -> int | None:
+    """The square side of a Keras model's NHWC image input, or None when it is not fixed."""
+    import tempfile
+
+    tf = _tensorflow()
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            loaded = tf.saved_model.load(str(_saved_model(path, Path(tmp))))
+            fn = loaded.signatures["serving_default"]
+        except (KeyError, OSError, ValueError) as exc:
+            raise BadInput(f"{path}: not a SavedModel with a serving_default signature ({type(exc).__name__}: {str(exc)[:200]})") from None
+        specs = list(fn.structured_input_signature[1].values())
+    if len(specs) != 1:
+        raise BadInput(f"{path}: a classifier takes one input; the model takes {len(specs)}")
+    dims = specs[0].shape.as_list()
+    if len(dims) != 4 or dims[3] != 3:
+        raise BadInput(f"{path}: input shape {dims} is not an NHWC RGB image (N, S, S, 3)")
+    return dims[1] if dims[1] == dims[2] and dims[1] else None
+
+
+def export_keras(path: Path, out: Path, work: Path) -> None:
+    """Keras (.keras or SavedModel directory) -> float .tflite with TensorFlow's own converter."""
+    tf = _tensorflow()
+    converter = tf.lite.TFLiteConverter.from_saved_model(str(_saved_model(path, work)))
+    with contextlib.redirect_stdout(sys.stderr):
+        try:
+            out.write_bytes(converter.convert())
+        except Exception as exc:
+            raise BadInput(f"{path}: TensorFlow cannot convert this model to TFLite ({type(exc).__name__}: {str(exc)[:300]})") from None
+
+
 def _unsupported(exc: Exception) -> str:
     text = str(exc)
     op = re.search(r"(aten\.[A-Za-z0-9_.]+|[A-Za-z0-9_]+ is not supported|unsupported op[^\n]*)", text)

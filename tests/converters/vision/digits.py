@@ -76,3 +76,33 @@ def make_digits(folder: Path) -> Digits:
     tests = [save(folder / "eval" / LABELS[y[i]] / f"{i:04d}.png", int(i)) for i in test]
     (folder / "labels.txt").write_text("\n".join(LABELS) + "\n")
     return Digits(pt2, folder / "calib", folder / "eval", folder / "labels.txt", tests, [int(y[i]) for i in test], accuracy)
+
+
+def make_keras_digits(folder: Path) -> tuple[Path, Path, float]:
+    """The same task in Keras (NHWC): a ``.keras`` file, a SavedModel directory, and held-out accuracy."""
+    import os
+
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import tensorflow as tf
+    from sklearn.datasets import load_digits
+
+    tf.keras.utils.set_random_seed(0)
+    data = load_digits()
+    x = (_rgb(data.images).astype(np.float32) - MEAN) / STD
+    y = data.target.astype(np.int64)
+    order = np.random.default_rng(0).permutation(len(y))
+    train, test = order[:1400], order[1400:]
+    layers = tf.keras.layers
+    model = tf.keras.Sequential([
+        tf.keras.Input((SIZE, SIZE, 3)),
+        layers.Conv2D(16, 3, padding="same"), layers.BatchNormalization(), layers.ReLU(),
+        layers.Conv2D(32, 3, strides=2, padding="same"), layers.BatchNormalization(), layers.ReLU(),
+        layers.GlobalAveragePooling2D(), layers.Dense(10),
+    ])
+    model.compile(optimizer=tf.keras.optimizers.Adam(0.01), loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model.fit(x[train], y[train], epochs=30, batch_size=100, verbose=0)
+    accuracy = float((model.predict(x[test], verbose=0).argmax(1) == y[test]).mean())
+    keras_file, saved = folder / "digits.keras", folder / "digits_savedmodel"
+    model.save(keras_file)
+    model.export(str(saved), format="tf_saved_model", verbose=False)
+    return keras_file, saved, accuracy

@@ -67,8 +67,10 @@ CASES = [
     ("undecodable", lambda d, t: ["--calib", str(_bad_image_folder(t))], None, "cannot decode"),
     # calibration on all-zero inputs collapses every activation range: the gate must catch it and write nothing
     ("gate-fails", lambda d, t: ["--calib", str(_npz(t / "c.npz", x=np.zeros((16, 8, 8, 3), np.float32)))], None, "accuracy gate failed"),
-    # a Keras model: tensorflow-cpu is kept out, and the error says what to do instead
-    ("keras", lambda d, t: [], "keras", "tensorflow-cpu"),
+    # a file named .keras that is not a Keras model
+    ("keras", lambda d, t: [], "keras", "not a loadable Keras model"),
+    # a legacy HDF5 Keras file: the error says how to re-save it
+    ("h5", lambda d, t: [], "h5", "save it as .keras"),
     # mean/std with two values (neither one for all channels nor one per channel)
     ("bad-mean", lambda d, t: ["--mean", "1,2"], None, "one number"),
 ]
@@ -98,9 +100,9 @@ def test_refusals_exit_2_and_leave_nothing(digits: Digits, tmp_path: Path, capsy
         shutil.rmtree(out_dir / "src")
         args[2] = str(onnx_file)
         args = [a for a in args if a not in ("--size", "8")]
-    elif model == "keras":
-        args[2] = str(work / "model.keras")
-        (work / "model.keras").write_bytes(b"PK")
+    elif model in ("keras", "h5"):
+        args[2] = str(work / f"model.{model}")
+        (work / f"model.{model}").write_bytes(b"PK")
     capsys.readouterr()
     assert edgerun(args) == 2
     err = capsys.readouterr().err
