@@ -44,8 +44,9 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         synthesize(root / "calib", WAKE[:4] + OTHER[:5], [0.85, 1.0, 1.2])
-        held = synthesize(root / "eval", WAKE[4:] + OTHER[5:], [0.9, 1.1], seed=1)
-        wake = [int(p.name[:2]) < len(WAKE[4:]) for p in held]
+        said = synthesize(root / "eval" / "alexa", WAKE[4:], [0.9, 1.1], seed=1)
+        held = said + synthesize(root / "eval" / "other", OTHER[5:], [0.9, 1.1], seed=1)
+        wake = [p in said for p in held]
         mel, emb = zoo.frontend_files()
         entry = zoo.find("openwakeword-alexa")
         module = zoo.build_head(mel.parent / entry.head)

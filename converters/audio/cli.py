@@ -49,7 +49,10 @@ def main(args: argparse.Namespace) -> int:
         return 0
     print(f"wrote {result.out} ({result.manifest.ref}, {r['recipe']} {r['format']}, {r['frontend']} front end at {r['sample_rate']} Hz): "
           f"{r['why']}")
-    print(f"  gate: agreement {r['top1_agreement']:.1%}, max abs error {r['max_abs_error']:.3g} on {r['samples']} windows")
+    acc = ""
+    if r["accuracy_float"] is not None:
+        acc = f"; clips right: float {r['accuracy_float']:.1%} / quantized {r['accuracy_quant']:.1%} of {r['labelled']} labelled"
+    print(f"  gate: agreement {r['top1_agreement']:.1%}, max abs error {r['max_abs_error']:.3g} on {r['samples']} windows{acc}")
     print(f"  size {r['float_bytes'] / 2**20:.2f} -> {r['quant_bytes'] / 2**20:.2f} MiB, "
           f"latency {r['float_latency_ms']:.3f} -> {r['quant_latency_ms']:.3f} ms (1 thread)")
     return 0

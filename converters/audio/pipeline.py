@@ -72,10 +72,21 @@ def _source(opts: Options) -> tuple[Source, FrontEnd, list[Path], int, list[str]
     return source, opts.frontend or FrontEnd.WAVEFORM, list(opts.frontend_files), opts.sample_rate, None
 
 
-def windows(folder: Path, frontend: Any, rate: int, limit: int | None = None) -> np.ndarray:
-    """Model inputs from a folder of WAVs (every window of every file, evenly thinned to ``limit``) or an .npz ``x``."""
+@dataclass(frozen=True)
+class ClipSet:
+    x: np.ndarray  # model inputs, one row per window
+    clip: np.ndarray | None  # which file each window came from (None for an .npz)
+    labels: np.ndarray | None  # per file: class index (detectors: 1 = the word, 0 = anything else), -1 unknown
+
+
+def clip_set(folder: Path, frontend: Any, rate: int, label_names: list[str] | None = None, limit: int | None = None) -> ClipSet:
+    """Model inputs from a folder of WAVs (every window of every file, evenly thinned to ``limit``) or an .npz ``x``.
+
+    WAVs in subfolders are labelled by the subfolder's name: a class name from the labels, or for a one-label
+    detector its label (the word is said) or any other name (it is not)."""
     if not folder.exists():
         raise BadInput(f"{folder}: no such calibration/evaluation folder or .npz file")
+    clip = labels = None
     if folder.is_file():
         if folder.suffix != ".npz":
             raise BadInput(f"{folder}: give a folder of .wav files or an .npz with an array 'x' of model inputs")
@@ -88,15 +99,46 @@ def windows(folder: Path, frontend: Any, rate: int, limit: int | None = None) ->
         files = wav_files(folder)
         if not files:
             raise BadInput(f"{folder}: no .wav files (calibration and evaluation sets are folders of WAV files)")
-        x = np.concatenate([frontend.windows(load_audio(f, rate).samples, rate).x for f in files])
+        parts = [frontend.windows(load_audio(f, rate).samples, rate).x for f in files]
+        x = np.concatenate(parts)
+        clip = np.repeat(np.arange(len(files)), [len(p) for p in parts])
+        labels = np.array([_clip_label(f, folder, label_names) for f in files])
     want = tuple(frontend.input_shape)
     if x.ndim < 2 or tuple(x.shape[1:]) != want:
         raise BadInput(f"{folder}: inputs have shape {x.shape[1:]}, the model takes {want}")
     if not np.isfinite(x).all():
         raise BadInput(f"{folder}: inputs contain NaN or infinity")
     if limit is not None and len(x) > limit:
-        x = x[np.linspace(0, len(x) - 1, limit).round().astype(int)]
-    return np.ascontiguousarray(x)
+        keep = np.linspace(0, len(x) - 1, limit).round().astype(int)
+        x, clip = x[keep], None if clip is None else clip[keep]
+    return ClipSet(np.ascontiguousarray(x), clip, labels)
+
+
+def _clip_label(path: Path, root: Path, names: list[str] | None) -> int:
+    if path.parent == root or not names:
+        return -1
+    name = path.relative_to(root).parts[0]
+    if len(names) == 1:
+        return int(name == names[0])
+    return names.index(name) if name in names else -1
+
+
+def windows(folder: Path, frontend: Any, rate: int, limit: int | None = None) -> np.ndarray:
+    return clip_set(folder, frontend, rate, limit=limit).x
+
+
+def clip_accuracy(ev: ClipSet, scores: np.ndarray, threshold: float) -> float | None:
+    """Labelled files classified right: a detector's best window against the threshold, else the best class over windows."""
+    if ev.clip is None or ev.labels is None or not (ev.labels >= 0).any():
+        return None
+    right = []
+    for i, label in enumerate(ev.labels):
+        if label < 0:
+            continue
+        best = scores[ev.clip == i].max(axis=0)
+        got = int(best[0] >= threshold) if scores.shape[1] == 1 else int(best.argmax())
+        right.append(got == label)
+    return float(np.mean(right))
 
 
 def convert(opts: Options) -> Result:
@@ -148,7 +190,7 @@ def _convert(opts: Options, source: Source, kind: FrontEnd, files: list[Path], r
     frontend = open_frontend(kind, files, shape)
     try:
         cal = windows(opts.calib, frontend, rate, limit=MAX_CALIBRATION)
-        ev = windows(opts.eval, frontend, rate) if opts.eval else cal
+        ev = clip_set(opts.eval, frontend, rate, labels) if opts.eval else ClipSet(cal, None, None)
     finally:
         frontend.close()
     ext = opts.fmt.value
@@ -157,8 +199,11 @@ def _convert(opts: Options, source: Source, kind: FrontEnd, files: list[Path], r
     model_path = bundle / f"model.{ext}"
     choice = build_quantized(source, opts.fmt, opts.quant, cal, opts.calib, work, model_path)
     float_path = work / f"float.{ext}"
-    report, ref, test = gate.run_gate(float_path, model_path, ext, ev, None, opts.min_agreement, threshold=opts.threshold)
+    report, ref, test = gate.run_gate(float_path, model_path, ext, ev.x, None, opts.min_agreement, threshold=opts.threshold)
     data = report.to_dict()
+    if ev.labels is not None and (ev.labels >= 0).any():  # accuracy per labelled file, not per window
+        data.update(labelled=int((ev.labels >= 0).sum()), accuracy_float=clip_accuracy(ev, ref, opts.threshold),
+                    accuracy_quant=clip_accuracy(ev, test, opts.threshold))
     data.update(recipe=choice.quant.value, why=choice.why, format=ext, calibration_samples=len(cal), sample_rate=rate,
                 frontend=kind.value, evaluation=str(opts.eval) if opts.eval else f"the calibration set ({opts.calib}): no --eval given")
     if not report.passed:

@@ -20,9 +20,9 @@ def speech(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
     root = tmp_path_factory.mktemp("speech")
     calib = root / "calib"
     synthesize(calib, WAKE[:4] + OTHER[:5], [0.85, 1.0, 1.2])
-    held_out = root / "eval"
-    paths = synthesize(held_out, WAKE[4:] + OTHER[5:], [0.9, 1.1], seed=1)
-    wake = {p for p in paths if int(p.name[:2]) < len(WAKE[4:])}
+    held_out = root / "eval"  # labelled by subfolder: the word is said in alexa/, not in other/
+    wake = set(synthesize(held_out / "alexa", WAKE[4:], [0.9, 1.1], seed=1))
+    paths = sorted(wake) + synthesize(held_out / "other", OTHER[5:], [0.9, 1.1], seed=1)
     return {"calib": calib, "eval": held_out, "paths": paths, "wake": wake}
 
 
@@ -52,6 +52,7 @@ def test_int8_tflite_bundle_carries_front_end_and_passes_gate(bundles: dict[str,
     report = manifest.reports["accuracy"]
     assert report == json.loads((bundle / "report.json").read_text())
     assert report["passed"] and report["top1_agreement"] >= 0.99 and report["samples"] > 100
+    assert report["labelled"] == 10 and report["accuracy_float"] == 1.0 and report["accuracy_quant"] == 1.0  # per clip
     assert report["quant_bytes"] * 3 < report["float_bytes"]
     assert "CC-BY-NC-SA" in manifest.license
 
