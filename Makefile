@@ -41,6 +41,8 @@ bench: $(VENV)/.dev
 	$(PY) bench/serial.py
 	$(PY) bench/convert.py
 	$(PY) bench/vision.py
+	$(PY) bench/classifier_memory.py
+	$(PY) bench/audio.py
 
 clean:
 	rm -rf $(VENV)

@@ -2,10 +2,12 @@
 
 * ``weights``: the model file, read whole by both runtimes (LiteRT maps it, ORT
   copies initializers into its own buffers: counted once either way);
-* ``arena``: activation tensors. The converter measures the non-constant tensor
-  bytes of the converted model at batch 1 and stores them in the manifest
-  (``vision.arena_bytes``); it grows linearly with the batch. ORT's arena
-  allocator rounds up, so its share is doubled. Without a measurement the
+* ``arena``: activation tensors, computed by the converter at batch 1 and
+  stored in the manifest (``arena_bytes``); it grows linearly with the batch.
+  TFLite: all non-constant tensors (an upper bound; XNNPACK's packed weights
+  and workspaces make the tighter live-tensor peak under-count). ONNX: the peak
+  of tensors alive at once (:func:`peak_live_bytes`), doubled because ORT's
+  arena allocator rounds up. Measured with bench/classifier_memory.py. Without a measurement the
   estimate is 32 input tensors' worth per row (MobileNet-class networks measure
   20-30 here);
 * ``runtime``: the backend library itself once imported and initialized (measured, see RUNTIME_BYTES).
@@ -109,3 +111,27 @@ def plan_classifier(manifest: Manifest, model_bytes: int, budget: int, *, batch:
                          f"{fmt_bytes(budget)} budget ({fmt_bytes(resident_bytes)} already resident): "
                          f"short by {fmt_bytes(short)}\n{plan.table()}")
     return plan
+
+
+def peak_live_bytes(steps: list[tuple[list[Any], list[Any]]], sizes: dict[Any, int], inputs: list[Any], outputs: list[Any]) -> int:
+    """Peak bytes alive at once when ``steps`` ((inputs, outputs) per op, in execution order) run one after another.
+
+    ``sizes`` holds the activation tensors only (constants are not in the arena); a tensor lives from the op that
+    writes it (or the start, for graph inputs) to the last op that reads it (or the end, for graph outputs).
+    """
+    last: dict[Any, int] = {}
+    for i, (ins, _) in enumerate(steps):
+        for t in ins:
+            last[t] = i
+    keep = set(outputs)
+    live = {t: sizes[t] for t in inputs if t in sizes}
+    peak = sum(live.values())
+    for i, (ins, outs) in enumerate(steps):
+        for t in outs:
+            if t in sizes:
+                live[t] = sizes[t]
+        peak = max(peak, sum(live.values()))
+        for t in ins:
+            if last.get(t) == i and t not in keep:
+                live.pop(t, None)
+    return peak

@@ -189,3 +189,15 @@ def test_gate_metrics(ref: np.ndarray, test: np.ndarray, want: tuple[float, floa
     assert (m["top1_agreement"], m["top5_agreement"]) == want[:2]
     assert m["max_abs_error"] == pytest.approx(want[2])
     assert m["accuracy_float"] == 1.0 and m["accuracy_quant"] == want[0]  # labels [0, 1] are the float answers
+
+
+def test_peak_live_bytes_frees_each_tensor_after_its_last_reader() -> None:
+    from runtime.vision_plan import peak_live_bytes
+
+    # x -> a -> b -> y, with a skip connection a -> y: a stays alive until the last op reads it
+    steps = [(["x", "w1"], ["a"]), (["a"], ["b"]), (["b", "a"], ["y"])]
+    sizes = {"x": 10, "a": 100, "b": 50, "y": 1}  # w1 is a constant: not in the arena
+    assert peak_live_bytes(steps, sizes, ["x"], ["y"]) == 151  # a + b + y at the last op (x freed after op 0)
+    chain = [(["x"], ["a"]), (["a"], ["b"]), (["b"], ["y"])]
+    assert peak_live_bytes(chain, sizes, ["x"], ["y"]) == 150  # a and b together, never all four
+    assert peak_live_bytes(chain, sizes, ["x"], ["y"]) < sum(sizes.values())
