@@ -79,7 +79,8 @@ def main(args: argparse.Namespace) -> int:
     if r["accuracy_float"] is not None:
         acc = f", accuracy float {r['accuracy_float']:.1%} / quantized {r['accuracy_quant']:.1%} on {r['labelled']} labelled"
     print(f"  gate: top-1 agreement {r['top1_agreement']:.1%}, top-5 {r['top5_agreement']:.1%}, cosine min {r['cosine_min']:.4f}, "
-          f"max abs error {r['max_abs_error']:.3g} on {r['samples']} samples{acc}")
+          f"max abs error {r['max_abs_error']:.3g} on {r['samples']} samples{acc}; "
+          f"float vs itself under +-1 grey level of noise {r['float_self_agreement']:.1%}")
     print(f"  size {r['float_bytes'] / 2**20:.1f} -> {r['quant_bytes'] / 2**20:.1f} MiB, "
           f"latency {r['float_latency_ms']:.2f} -> {r['quant_latency_ms']:.2f} ms (1 thread)")
     return 0
