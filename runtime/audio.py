@@ -45,6 +45,8 @@ class FrontEnd(str, enum.Enum):
 OWW_MEL_WINDOW, OWW_MEL_STEP, OWW_EMBEDDINGS, OWW_EMBEDDING_SIZE = 76, 8, 16, 96
 OWW_HOP_SAMPLES, OWW_FFT_SAMPLES = 160, 512
 OWW_TAIL_SECONDS = 0.5
+# Bounded work per native call (memory planning counts these): 10 s of audio per mel call, 64 embedding windows per batch
+OWW_MEL_CHUNK_FRAMES, OWW_EMBEDDING_BATCH = 1000, 16
 OWW_MIN_SAMPLES = (OWW_MEL_WINDOW + (OWW_EMBEDDINGS - 1) * OWW_MEL_STEP - 1) * OWW_HOP_SAMPLES + OWW_FFT_SAMPLES
 
 
@@ -59,9 +61,20 @@ class Audio:
         return len(self.samples) / self.rate
 
 
-def read_wav(path: Path | str) -> tuple[np.ndarray, int]:
-    """Mono float32 samples in -1..1 and the file's sample rate."""
-    path = Path(path)
+@dataclass(frozen=True)
+class WavInfo:
+    channels: int
+    width: int  # bytes per sample
+    rate: int
+    frames: int
+
+    @property
+    def working_bytes(self) -> int:
+        """Memory to read and prepare the file: its raw bytes, the mono float32 samples and two float copies."""
+        return self.frames * (self.channels * self.width + 12)
+
+
+def _open(path: Path) -> Any:
     try:
         with path.open("rb") as f:
             head = f.read(12)
@@ -70,19 +83,39 @@ def read_wav(path: Path | str) -> tuple[np.ndarray, int]:
     if len(head) < 12 or head[:4] != b"RIFF" or head[8:12] != b"WAVE":
         raise BadInput(f"{path}: not a WAV file (expected a RIFF/WAVE header); give 8/16/24/32-bit PCM .wav files")
     try:
-        with wave.open(str(path), "rb") as w:
-            channels, width, rate, frames = w.getnchannels(), w.getsampwidth(), w.getframerate(), w.getnframes()
-            if not 1000 <= rate <= 384_000:
-                raise BadInput(f"{path}: sample rate {rate} Hz is not valid (1000..384000)")
-            if frames == 0:
-                raise BadInput(f"{path}: the WAV file holds no samples")
-            if frames > MAX_SECONDS * rate:
-                raise BadInput(f"{path}: {frames / rate:.0f} s of audio is longer than the {MAX_SECONDS} s this reads at once")
-            raw = w.readframes(frames)
+        return wave.open(str(path), "rb")
     except wave.Error as exc:
         raise BadInput(f"{path}: not a PCM WAV file this can read ({exc}); give 8/16/24/32-bit integer PCM") from None
     except EOFError:
         raise BadInput(f"{path}: the WAV file is truncated") from None
+
+
+def wav_info(path: Path | str, w: Any = None) -> WavInfo:
+    """The header, checked (RIFF/WAVE, PCM, rate, not empty, not longer than MAX_SECONDS), without reading samples."""
+    path = Path(path)
+    if w is None:
+        with _open(path) as opened:
+            return wav_info(path, opened)
+    info = WavInfo(w.getnchannels(), w.getsampwidth(), w.getframerate(), w.getnframes())
+    if not 1000 <= info.rate <= 384_000:
+        raise BadInput(f"{path}: sample rate {info.rate} Hz is not valid (1000..384000)")
+    if info.frames == 0:
+        raise BadInput(f"{path}: the WAV file holds no samples")
+    if info.frames > MAX_SECONDS * info.rate:
+        raise BadInput(f"{path}: {info.frames / info.rate:.0f} s of audio is longer than the {MAX_SECONDS} s this reads at once")
+    return info
+
+
+def read_wav(path: Path | str) -> tuple[np.ndarray, int]:
+    """Mono float32 samples in -1..1 and the file's sample rate."""
+    path = Path(path)
+    with _open(path) as w:
+        info = wav_info(path, w)
+        try:
+            raw = w.readframes(info.frames)
+        except (wave.Error, EOFError):
+            raise BadInput(f"{path}: the WAV file is truncated") from None
+    channels, width, rate = info.channels, info.width, info.rate
     n = len(raw) // (width * channels)
     if n == 0:
         raise BadInput(f"{path}: the WAV file is truncated (no whole sample frames)")
@@ -165,16 +198,28 @@ class OpenWakeWordFrontEnd:
         # (where openWakeWord's heads look for the word): one window's worth in front, OWW_TAIL_SECONDS behind.
         front = OWW_MIN_SAMPLES
         samples = np.concatenate([np.zeros(front, np.float32), samples, np.zeros(int(OWW_TAIL_SECONDS * rate), np.float32)])
-        mel = self._mel.run((samples * 32767.0).astype(np.float32)[None])
-        mel = np.squeeze(mel).reshape(-1, 32) / 10.0 + 2.0
+        mel = self.mel((samples * 32767.0).astype(np.float32)) / 10.0 + 2.0
         starts = range(0, len(mel) - OWW_MEL_WINDOW + 1, OWW_MEL_STEP)
-        frames = np.stack([mel[s : s + OWW_MEL_WINDOW] for s in starts])[..., None].astype(np.float32)
-        emb = self._embedding.run(frames).reshape(len(frames), OWW_EMBEDDING_SIZE)
+        emb = np.concatenate([
+            self._embedding.run(np.stack([mel[s : s + OWW_MEL_WINDOW] for s in starts[i : i + OWW_EMBEDDING_BATCH]])[..., None])
+            for i in range(0, len(starts), OWW_EMBEDDING_BATCH)
+        ]).reshape(len(starts), OWW_EMBEDDING_SIZE)
         n = len(emb) - OWW_EMBEDDINGS + 1
         x = np.stack([emb[i : i + OWW_EMBEDDINGS] for i in range(n)]).astype(np.float32)
         last_frame = np.array([starts[i + OWW_EMBEDDINGS - 1] + OWW_MEL_WINDOW for i in range(n)])
         ends = np.maximum(((last_frame - 1) * OWW_HOP_SAMPLES + OWW_FFT_SAMPLES - front) / rate, 0.0)
         return Windows(x, ends)
+
+    def mel(self, pcm: np.ndarray) -> np.ndarray:
+        """Mel frames (no hop padding: frame f covers samples f*hop .. f*hop+fft) of int16-scaled samples, computed
+        OWW_MEL_CHUNK_FRAMES at a time so that memory stays bounded whatever the clip's length."""
+        n = (len(pcm) - OWW_FFT_SAMPLES) // OWW_HOP_SAMPLES + 1
+        parts = []
+        for f0 in range(0, n, OWW_MEL_CHUNK_FRAMES):
+            f1 = min(n, f0 + OWW_MEL_CHUNK_FRAMES)
+            seg = pcm[f0 * OWW_HOP_SAMPLES : (f1 - 1) * OWW_HOP_SAMPLES + OWW_FFT_SAMPLES]
+            parts.append(np.squeeze(self._mel.run(seg[None])).reshape(-1, 32)[: f1 - f0])
+        return np.concatenate(parts)
 
     def close(self) -> None:
         self._mel.close()

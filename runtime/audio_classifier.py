@@ -3,14 +3,16 @@
 Each file is read and resampled to the bundle's rate (:mod:`runtime.audio`),
 cut into windows by the bundle's front end, and every window is classified; a
 file's result is its best window (the highest score of each class over the
-file) and where it ends. A one-output model is a detector (wake word, voice
-activity): its score is a probability and ``detected`` compares it with the
-manifest's threshold.
+file) and where it ends; long files go a segment at a time
+(:meth:`AudioClassifier.segments`). A one-output model is a detector (wake
+word, voice activity): its score is a probability and ``detected`` compares it
+with the manifest's threshold.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,6 +29,18 @@ from runtime.resolve import ResolvedModel, resolve
 from runtime.vision_plan import ClassifierPlan, plan_classifier
 
 log = logging.getLogger(__name__)
+# Long files are classified a segment at a time, each with the audio just before it as context (one openWakeWord
+# window is 1.98 s), so a 10-minute recording needs no more working memory than 30 s (see the memory plan).
+SEGMENT_SECONDS, CONTEXT_SECONDS = 30.0, 2.0
+
+
+SEGMENT_PADDED_SECONDS = SEGMENT_SECONDS + CONTEXT_SECONDS + 2.5  # + the front end's padding
+SEGMENT_WINDOWS = int(SEGMENT_PADDED_SECONDS / 0.08) + 1  # the most windows one segment gives (openWakeWord: every 80 ms)
+
+
+def segment_bytes(spec: AudioSpec) -> int:
+    """Working memory of one segment: its samples with context and padding (three float copies) and its windows."""
+    return int(SEGMENT_PADDED_SECONDS * spec.sample_rate * 4 * 3) + SEGMENT_WINDOWS * int(np.prod(spec.input_shape)) * 4
 
 
 @dataclass(frozen=True)
@@ -60,7 +74,8 @@ class AudioClassifier:
 
     @classmethod
     def load(cls, ref: str, *, threads: int | None = None, target: str = "auto", require_accelerator: bool = False,
-             memory: int | None = None, batch: int = 1, resident_bytes: int = 0) -> AudioClassifier:
+             memory: int | None = None, batch: int = 1, resident_bytes: int = 0, input_bytes: int = 0) -> AudioClassifier:
+        """``input_bytes``: the longest input's reading cost (:attr:`runtime.audio.WavInfo.working_bytes`), when known."""
         from devices.placement import resolve_placement
         from runtime.plan import default_budget
 
@@ -71,7 +86,9 @@ class AudioClassifier:
         spec = manifest.audio
         files = [model.directory / name for name in spec.frontend_files]
         weights = manifest.file("weights").size + sum(f.stat().st_size for f in files)
-        plan = plan_classifier(manifest, weights, memory or default_budget(), batch=batch, resident_bytes=resident_bytes)
+        # the model's batch is a segment's windows, whatever the number of files
+        plan = plan_classifier(manifest, weights, memory or default_budget(), batch=SEGMENT_WINDOWS, resident_bytes=resident_bytes,
+                               input_bytes=input_bytes + segment_bytes(spec))
         placement = resolve_placement(manifest.backend.value, target, require_accelerator=require_accelerator, threads=threads)
         labels = preprocess.read_labels(model.directory / spec.labels) if spec.labels else []
         frontend = open_frontend(FrontEnd(spec.frontend), files, spec.input_shape, threads=placement.threads)
@@ -99,12 +116,29 @@ class AudioClassifier:
         y = preprocess.dequantize(raw, self.spec.output).reshape(len(x), -1)
         return preprocess.softmax(y) if self.spec.output_is_logits else y
 
+    def segments(self, audio: Audio) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """(scores, window ends in seconds) for ``audio``, SEGMENT_SECONDS at a time: each segment is given
+        CONTEXT_SECONDS of the audio before it, and keeps the windows that end inside it, so the result is the
+        same as for the whole clip at once while memory stays bounded by one segment."""
+        rate, x = audio.rate, audio.samples
+        seg, ctx = int(SEGMENT_SECONDS * rate), int(CONTEXT_SECONDS * rate)
+        for start in range(0, max(len(x), 1), seg):
+            lo = max(0, start - ctx)
+            last = start + seg >= len(x)
+            w = self.frontend.windows(x[lo : start + seg], rate)
+            ends = w.ends + lo / rate
+            keep = ends >= start / rate if start else np.ones(len(ends), bool)
+            if not last:
+                keep &= ends < (start + seg) / rate
+            if keep.any():
+                yield self.scores(w.x[keep]), ends[keep]
+
     def classify(self, audio: Audio, name: str, k: int) -> AudioPrediction:
-        windows = self.frontend.windows(audio.samples, audio.rate)
-        scores = self.scores(windows.x)
+        parts = list(self.segments(audio))
+        scores, ends = np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
         best = scores.max(axis=0)
         labels = tuple(preprocess.top_k(best, self.labels, k))
-        at = float(windows.ends[int(scores[:, labels[0].index].argmax())])
+        at = float(ends[int(scores[:, labels[0].index].argmax())])
         detected = bool(best[0] >= self.spec.threshold) if self.is_detector else None
         return AudioPrediction(name, audio.seconds, labels, at, detected, audio.resampled_from)
 

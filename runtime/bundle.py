@@ -69,6 +69,13 @@ def _require(data: dict[str, Any], key: str, typ: type | tuple[type, ...], where
     return value
 
 
+def _count(data: dict[str, Any], key: str, where: str) -> int:
+    value = data.get(key, 0)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise BadInput(f"{where}: {key} {value!r} must be an integer >= 0")
+    return value
+
+
 def check_name(name: str) -> str:
     if not NAME_RE.match(name):
         raise BadInput(f"model name {name!r} is not valid: use 1-64 of a-z 0-9 . _ - starting with a letter or digit")
@@ -278,6 +285,7 @@ class AudioSpec:
     labels: str | None = None
     quantization: str = ""
     arena_bytes: int = 0
+    frontend_arena_bytes: int = 0  # the front end's activation peak per call (ONNX Runtime)
 
     @classmethod
     def from_dict(cls, data: Any) -> AudioSpec:
@@ -314,6 +322,7 @@ class AudioSpec:
             labels=data.get("labels"),
             quantization=str(data.get("quantization", "")),
             arena_bytes=arena,
+            frontend_arena_bytes=_count(data, "frontend_arena_bytes", where),
         )
 
     def to_dict(self) -> dict[str, Any]:

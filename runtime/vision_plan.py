@@ -47,10 +47,11 @@ class ClassifierPlan:
     resident_bytes: int  # other models already loaded under the same budget
     budget_bytes: int
     arena_measured: bool
+    input_bytes: int = 0  # audio: reading the longest input file and one segment's working set
 
     @property
     def total_bytes(self) -> int:
-        return self.weights_bytes + self.arena_bytes + self.runtime_bytes
+        return self.weights_bytes + self.arena_bytes + self.runtime_bytes + self.input_bytes
 
     @property
     def reserve_bytes(self) -> int:
@@ -67,9 +68,11 @@ class ClassifierPlan:
 
     def table(self) -> str:
         rows = [
-            ("weights (model file)", self.weights_bytes),
+            ("weights (model files)", self.weights_bytes),
             (f"arena (batch {self.batch}{'' if self.arena_measured else ', estimated'})", self.arena_bytes),
-            (f"runtime ({self.backend})", self.runtime_bytes),
+            ("inputs (longest file, one segment)", self.input_bytes),
+            (f"runtime ({self.backend}{'' if self.runtime_bytes == RUNTIME_BYTES[BackendName(self.backend)] else ' + ort'})",
+             self.runtime_bytes),
             ("total", self.total_bytes),
             ("other resident models", self.resident_bytes),
             ("reserve (5% of budget)", self.reserve_bytes),
@@ -80,7 +83,8 @@ class ClassifierPlan:
         return "\n".join(lines)
 
 
-def plan_classifier(manifest: Manifest, model_bytes: int, budget: int, *, batch: int = 1, resident_bytes: int = 0) -> ClassifierPlan:
+def plan_classifier(manifest: Manifest, model_bytes: int, budget: int, *, batch: int = 1, resident_bytes: int = 0,
+                    input_bytes: int = 0) -> ClassifierPlan:
     """The plan for ``manifest`` at ``batch``; raises DoesNotFit (nothing loaded) when it does not fit."""
     spec = manifest.vision or manifest.audio
     if spec is None:
@@ -99,10 +103,11 @@ def plan_classifier(manifest: Manifest, model_bytes: int, budget: int, *, batch:
         backend=manifest.backend.value,
         batch=batch,
         weights_bytes=model_bytes,
-        arena_bytes=int(per_row * batch * ARENA_FACTOR[manifest.backend]),
-        runtime_bytes=RUNTIME_BYTES[manifest.backend],
+        arena_bytes=int(per_row * batch * ARENA_FACTOR[manifest.backend]) + _frontend_arena(manifest),
+        runtime_bytes=RUNTIME_BYTES[manifest.backend] + _frontend_runtime(manifest),
         resident_bytes=resident_bytes,
         budget_bytes=budget,
+        input_bytes=input_bytes,
         arena_measured=measured,
     )
     if not plan.fits:
@@ -111,6 +116,18 @@ def plan_classifier(manifest: Manifest, model_bytes: int, budget: int, *, batch:
                          f"{fmt_bytes(budget)} budget ({fmt_bytes(resident_bytes)} already resident): "
                          f"short by {fmt_bytes(short)}\n{plan.table()}")
     return plan
+
+
+def _frontend_arena(manifest: Manifest) -> int:
+    """An audio front end's activations per call (fixed chunks, not the batch), with ORT's rounding."""
+    return 0 if manifest.audio is None else int(manifest.audio.frontend_arena_bytes * ARENA_FACTOR[BackendName.ORT])
+
+
+def _frontend_runtime(manifest: Manifest) -> int:
+    """An audio front end's models run on ONNX Runtime: its library counts too when the classifier runs elsewhere."""
+    if manifest.audio is None or not manifest.audio.frontend_files or manifest.backend is BackendName.ORT:
+        return 0
+    return RUNTIME_BYTES[BackendName.ORT]
 
 
 def peak_live_bytes(steps: list[tuple[list[Any], list[Any]]], sizes: dict[Any, int], inputs: list[Any], outputs: list[Any]) -> int:

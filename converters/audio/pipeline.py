@@ -22,7 +22,7 @@ import numpy as np
 
 from converters.vision import gate
 from converters.vision.calib import MAX_CALIBRATION
-from converters.vision.pipeline import build_quantized, check_output, make_manifest, package, write_extras
+from converters.vision.pipeline import build_quantized, check_output, make_manifest, onnx_peak_bytes, package, write_extras
 from converters.vision.recipes import Format, Quant
 from converters.vision.source import Source, SourceKind, load_source
 from runtime.audio import FrontEnd, load_audio, open_frontend, wav_files
@@ -220,9 +220,18 @@ def _convert(opts: Options, source: Source, kind: FrontEnd, files: list[Path], r
     spec = AudioSpec(sample_rate=rate, frontend=kind.value, input_shape=shape,
                      frontend_files=tuple(p.name for role, p in entries if role == "frontend"), input=io[0], output=io[1],
                      output_is_logits=False, threshold=opts.threshold, labels="labels.txt" if labels else None,
-                     quantization=choice.quant.value, arena_bytes=arena)
+                     quantization=choice.quant.value, arena_bytes=arena, frontend_arena_bytes=_frontend_arena(kind, files, work))
     manifest = make_manifest(ModelKind.AUDIO, opts.fmt, opts.name or source.name, opts.version or f"{choice.quant.value}-{ext}",
                              entries, source, {"model": opts.model, "calibration": str(opts.calib)}, data, audio=spec)
     package(bundle, manifest, opts.out)
     return Result(manifest, opts.out, data)
 
+
+def _frontend_arena(kind: FrontEnd, files: list[Path], work: Path) -> int:
+    """The front end's activation peak per call, at the chunk sizes runtime.audio uses (for the memory plan)."""
+    if kind is not FrontEnd.OPENWAKEWORD:
+        return 0
+    from runtime.audio import OWW_EMBEDDING_BATCH, OWW_FFT_SAMPLES, OWW_HOP_SAMPLES, OWW_MEL_CHUNK_FRAMES, OWW_MEL_WINDOW
+
+    mel = onnx_peak_bytes(files[0], [1, (OWW_MEL_CHUNK_FRAMES - 1) * OWW_HOP_SAMPLES + OWW_FFT_SAMPLES], work)
+    return mel + onnx_peak_bytes(files[1], [OWW_EMBEDDING_BATCH, OWW_MEL_WINDOW, 32, 1], work)

@@ -276,25 +276,36 @@ def _arena_bytes(backend: Any, float_path: Path, ext: str) -> int:
     """
     if ext == "tflite":
         return int(backend.tensor_bytes())
+    return onnx_peak_bytes(float_path, None, float_path.parent)
+
+
+def onnx_peak_bytes(path: Path, shape: list[int] | None, work: Path) -> int:
+    """Peak activation bytes of an ONNX model with its one input fixed to ``shape`` (default: batch 1)."""
     import onnx
     import onnxruntime
     from onnx import helper
 
     from runtime.vision_plan import peak_live_bytes
 
-    model = onnx.load(str(float_path))
+    model = onnx.load(str(path))
     for value in model.graph.input:
         dims = value.type.tensor_type.shape.dim
-        if dims and dims[0].dim_param:
-            dims[0].dim_value = 1
-    batch1, optimized = float_path.with_suffix(".batch1.onnx"), float_path.with_suffix(".basic.onnx")
-    onnx.save(model, str(batch1))
+        for i, d in enumerate(dims):
+            if shape is not None:
+                d.dim_value = shape[i]
+            elif i == 0 and d.dim_param:
+                d.dim_value = 1
+    stem = work / f".{path.stem}"
+    fixed, optimized = stem.with_suffix(".fixed.onnx"), stem.with_suffix(".basic.onnx")
+    onnx.save(model, str(fixed))
     options = onnxruntime.SessionOptions()
     options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_BASIC
     options.optimized_model_filepath = str(optimized)
     options.log_severity_level = 3
-    onnxruntime.InferenceSession(str(batch1), options, providers=["CPUExecutionProvider"])
+    onnxruntime.InferenceSession(str(fixed), options, providers=["CPUExecutionProvider"])
     inferred = onnx.shape_inference.infer_shapes(onnx.load(str(optimized)))
+    fixed.unlink()
+    optimized.unlink()
     inits = {i.name for i in inferred.graph.initializer}
     sizes: dict[str, int] = {}
     for value in [*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output]:

@@ -22,10 +22,13 @@ def main(args: argparse.Namespace) -> int:
 
     resolved = resolve(args.model)  # a .edgerun file is installed here, once; the loader then takes the installed directory
     kind = resolved.manifest.kind
+    extra = {}
     if kind is ModelKind.AUDIO:
+        from runtime.audio import wav_info
         from runtime.audio_classifier import AudioClassifier
 
         loader = AudioClassifier.load
+        extra["input_bytes"] = max(wav_info(p).working_bytes for p in args.input)  # headers checked before loading
     else:
         loader = Classifier.load  # type: ignore[assignment]
     with loader(
@@ -35,6 +38,7 @@ def main(args: argparse.Namespace) -> int:
         require_accelerator=args.require_accelerator,
         memory=parse_size(args.memory) if args.memory else None,
         batch=len(args.input),
+        **extra,
     ) as clf:
         if not args.json:
             print(f"edgerun: {clf.placement.summary()}", file=sys.stderr)

@@ -161,3 +161,51 @@ def test_bench_times_the_head_and_the_front_end(bundles: dict[str, Path], capsys
     row = json.loads(capsys.readouterr().out)["results"][0]
     assert row["p50_ms"] > 0 and row["throughput_per_s"] > 0 and row["frontend_ms_per_audio_s"] > 0
     assert row["placement"]["backend"] == "litert"
+
+
+def test_long_files_go_by_segments_with_the_same_windows(bundles: dict[str, Path], speech: dict[str, object]) -> None:
+    """A 70 s recording (three segments) gives the windows of the whole clip at once, and finds every wake word."""
+    from runtime.audio import load_audio
+    from runtime.audio_classifier import AudioClassifier
+
+    clips = [load_audio(p, 16000).samples for p in speech["paths"]]  # type: ignore[attr-defined]
+    long = np.concatenate([np.concatenate([c, np.zeros(8000, np.float32)]) for c in clips * 4])[: 70 * 16000]
+    with AudioClassifier.load(str(bundles["tflite-int8"]), threads=1) as clf:
+        from runtime.audio import Audio
+
+        audio = Audio(long, 16000)
+        parts = list(clf.segments(audio))
+        assert len(parts) == 3
+        ends = np.concatenate([p[1] for p in parts])
+        whole = clf.frontend.windows(long, 16000)
+        np.testing.assert_allclose(ends, whole.ends, atol=1e-9)  # no window lost or repeated at the seams
+        seg_scores = np.concatenate([p[0] for p in parts])[:, 0]
+        assert ((seg_scores >= 0.5) == (clf.scores(whole.x)[:, 0] >= 0.5)).mean() > 0.99
+        assert clf.classify(audio, "long", 1).detected
+
+
+def test_mel_in_chunks_equals_mel_at_once() -> None:
+    from converters.audio import zoo
+    from runtime.audio import OWW_MEL_CHUNK_FRAMES, OpenWakeWordFrontEnd
+
+    fe = OpenWakeWordFrontEnd(*zoo.frontend_files())
+    try:
+        pcm = (np.random.default_rng(0).standard_normal(16000 * 25) * 3000).astype(np.float32)
+        whole = np.squeeze(fe._mel.run(pcm[None])).reshape(-1, 32)
+        assert len(whole) > 2 * OWW_MEL_CHUNK_FRAMES
+        np.testing.assert_allclose(fe.mel(pcm), whole, atol=1e-4)
+    finally:
+        fe.close()
+
+
+def test_plan_counts_front_end_and_inputs_and_refuses_before_loading(bundles: dict[str, Path], speech: dict[str, object],
+                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    capsys.readouterr()
+    assert edgerun(["plan", str(bundles["tflite-int8"]), "--memory", "1G", "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["runtime_bytes"] == (26 + 66) << 20  # LiteRT for the head, ONNX Runtime for the front end
+    assert plan["arena_bytes"] > 8 << 20 and plan["input_bytes"] > 0  # the front end's activations, one segment
+    clip = str(speech["paths"][0])  # type: ignore[index]
+    assert edgerun(["run", str(bundles["tflite-int8"]), "--input", clip, "--memory", "60M"]) == 3
+    err = capsys.readouterr().err
+    assert "does not fit the 60.0 MiB budget" in err
