@@ -238,9 +238,7 @@ class VisionSpec:
         labels = data.get("labels")
         if labels is not None and (not isinstance(labels, str) or not FILE_RE.match(labels)):
             raise BadInput(f"{where}: labels {labels!r} must be a bundle file name or null")
-        arena = data.get("arena_bytes", 0)
-        if not isinstance(arena, int) or isinstance(arena, bool) or arena < 0:
-            raise BadInput(f"{where}: arena_bytes {arena!r} must be an integer >= 0")
+        arena = _count(data, "arena_bytes", where)
         return cls(
             size=size,
             layout=_enum(Layout, data.get("layout", "nchw"), "vision layout"),
@@ -307,9 +305,7 @@ class AudioSpec:
         threshold = data.get("threshold", 0.5)
         if not isinstance(threshold, (int, float)) or isinstance(threshold, bool) or not 0.0 < threshold < 1.0:
             raise BadInput(f"{where}: threshold {threshold!r} must be between 0 and 1")
-        arena = data.get("arena_bytes", 0)
-        if not isinstance(arena, int) or isinstance(arena, bool) or arena < 0:
-            raise BadInput(f"{where}: arena_bytes {arena!r} must be an integer >= 0")
+        arena = _count(data, "arena_bytes", where)
         return cls(
             sample_rate=rate,
             frontend=_enum(FrontEnd, _require(data, "frontend", str, where), "audio frontend").value,
