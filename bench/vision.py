@@ -1,7 +1,8 @@
 """Vision benchmark (issue 4): EfficientNet-Lite0 and MobileNetV2 (ImageNet) on this machine.
 
 For each model: the PyTorch float model (the "what you'd use instead" baseline),
-float and static-INT8 TFLite (LiteRT), float and static-INT8 ONNX (ONNX Runtime):
+float and static-INT8 TFLite (LiteRT), float and static-INT8 ONNX (ONNX Runtime), INT8 with
+weights rounded to nearest and with GPTQ-rounded weights (the converter's default):
 size, batch-1 latency p50/p99 at 1 and 2 threads through edgerun's backends,
 top-1 agreement with the float model of the same format on the 8 real photos
 plus a generated set of 192 crops/flips/brightness changes of them, and how many
@@ -28,7 +29,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from converters.vision import gate, onnx_route, photos, tflite, zoo  # noqa: E402
+import copy  # noqa: E402
+
+from converters.vision import gate, onnx_route, photos, rounding, tflite, zoo  # noqa: E402
 from converters.vision.recipes import Quant  # noqa: E402
 from runtime.bundle import Layout, VisionSpec  # noqa: E402
 from runtime.classifier import time_calls  # noqa: E402
@@ -75,6 +78,10 @@ def main() -> int:
     for name in args.models:
         entry = zoo.find(name)
         module = entry.build()
+        spec = VisionSpec(size=entry.size, layout=Layout.NCHW, mean=entry.mean, std=entry.std)
+        rounded = copy.deepcopy(module)
+        gptq = rounding.round_weights(rounded, image_tensor(cal_imgs, spec))
+        print(f"GPTQ {name}: {gptq}", file=sys.stderr, flush=True)
         for fmt, layout in (("tflite", Layout.NHWC), ("onnx", Layout.NCHW)):
             spec = VisionSpec(size=entry.size, layout=layout, mean=entry.mean, std=entry.std)
             cal, ev, noisy = image_tensor(cal_imgs, spec), image_tensor(ev_imgs, spec), image_tensor(noisy_imgs, spec)
@@ -83,14 +90,19 @@ def main() -> int:
                 rows.append({"model": name, "variant": "PyTorch float (baseline)", **torch_row(module, nchw, args.runs)})
             with tempfile.TemporaryDirectory() as tmp:
                 fp, qp = Path(tmp) / f"float.{fmt}", Path(tmp) / f"int8.{fmt}"
+                rp, gp = Path(tmp) / f"rounded.{fmt}", Path(tmp) / f"gptq.{fmt}"
                 if fmt == "tflite":
                     tflite.export_float(module, cal, fp, nhwc=True)
                     tflite.quantize(fp, Quant.INT8, cal, qp)
+                    tflite.export_float(rounded, cal, rp, nhwc=True)
+                    tflite.quantize(rp, Quant.INT8, cal, gp)
                 else:
                     onnx_route.export_float(module, cal, fp)
                     onnx_route.quantize(fp, Quant.INT8, cal, qp, Path(tmp))
+                    onnx_route.export_float(rounded, cal, rp)
+                    onnx_route.quantize(rp, Quant.INT8, cal, gp, Path(tmp))
                 outs = {}
-                for tag, path in (("float", fp), ("INT8", qp)):
+                for tag, path in (("float", fp), ("INT8 nearest", qp), ("INT8 GPTQ", gp)):
                     row = {"model": name, "variant": f"{tag} {'TFLite (LiteRT)' if fmt == 'tflite' else 'ONNX (ORT)'}",
                            "size_mb": path.stat().st_size / 2**20}
                     for threads in (1, 2):
@@ -103,11 +115,15 @@ def main() -> int:
                     top = outs[tag][: len(ph)].argmax(1)
                     row["photos_correct"] = sum(int(top[i]) in p.expected for i, p in enumerate(ph))
                     row["photos_known"] = sum(1 for p in ph if p.expected)
-                    if tag == "INT8":
-                        m = gate.compare(outs["float"], outs["INT8"], None)
-                        photo = gate.compare(outs["float"][: len(ph)], outs["INT8"][: len(ph)], None)
+                    if tag != "float":
+                        m = gate.compare(outs["float"], outs[tag], None)
+                        photo = gate.compare(outs["float"][: len(ph)], outs[tag][: len(ph)], None)
                         row.update(agree_all=m["top1_agreement"], agree_top5=m["top5_agreement"], agree_photos=photo["top1_agreement"],
-                                   cosine_min=m["cosine_min"], speedup=rows[-1]["p50_1"] / row["p50_1"])
+                                   cosine_min=m["cosine_min"], speedup=float_p50 / row["p50_1"])
+                        if tag == "INT8 GPTQ":
+                            row["gptq_seconds"] = gptq["seconds"]
+                    else:
+                        float_p50 = row["p50_1"]
                     rows.append(row)
             print(f"done {name} {fmt}", file=sys.stderr, flush=True)
     out["load_avg_end"] = os.getloadavg()
@@ -117,16 +133,17 @@ def main() -> int:
     (results / "vision.json").write_text(json.dumps(out, indent=2) + "\n")
     print(f"machine: {out['cpus']} CPUs, load average {out['load_avg_start'][0]:.2f} at start, {out['load_avg_end'][0]:.2f} at end\n")
     print("| model | variant | size MiB | p50/p99 ms, 1 thread | p50/p99 ms, 2 threads | INT8/float p50 (1 thr) "
-          "| top-1 agreement: photos / all 200 | top-5 agr. | float vs itself, +-1 grey level | photos correct |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+          "| top-1 agreement: photos / all 200 | top-5 agr. | cosine min | float vs itself, +-1 grey level | photos correct |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         agree = f"{r['agree_photos']:.0%} / {r['agree_all']:.1%}" if "agree_all" in r else ""
         speed = f"{1 / r['speedup']:.2f}x" if "speedup" in r else ""
         top5 = f"{r['agree_top5']:.1%}" if "agree_top5" in r else ""
         correct = f"{r['photos_correct']}/{r['photos_known']}" if "photos_correct" in r else ""
         floor = f"{r['self_agree']:.1%}" if "self_agree" in r else ""
+        cos = f"{r['cosine_min']:.3f}" if "cosine_min" in r else ""
         print(f"| {r['model']} | {r['variant']} | {r['size_mb']:.1f} | {r['p50_1']:.2f} / {r['p99_1']:.2f} "
-              f"| {r['p50_2']:.2f} / {r['p99_2']:.2f} | {speed} | {agree} | {top5} | {floor} | {correct} |")
+              f"| {r['p50_2']:.2f} / {r['p99_2']:.2f} | {speed} | {agree} | {top5} | {cos} | {floor} | {correct} |")
     return 0
 
 

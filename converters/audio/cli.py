@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from converters.vision.cli import add_gate_arguments, add_output_arguments
-from converters.vision.recipes import Format, Quant, parse
+from converters.vision.cli import add_gate_arguments, add_output_arguments, rounding_line
+from converters.vision.recipes import Format, Quant, Rounding, parse
 from runtime.audio import FrontEnd
 from runtime.cli.common import print_json
 
@@ -38,7 +38,7 @@ def main(args: argparse.Namespace) -> int:
     opts = Options(
         model=args.model, calib=args.calib, out=args.out,
         quant=parse(Quant, args.quant, "--quant"), fmt=parse(Format, args.format, "--format"),
-        frontend=FrontEnd(args.frontend) if args.frontend else None, frontend_files=tuple(args.frontend_model),
+        rounding=parse(Rounding, args.rounding, "--rounding"), frontend=FrontEnd(args.frontend) if args.frontend else None, frontend_files=tuple(args.frontend_model),
         sample_rate=args.sample_rate, labels=args.labels, eval=args.eval, min_agreement=args.min_agreement,
         threshold=args.threshold, name=args.name, version=args.version,
     )
@@ -48,7 +48,7 @@ def main(args: argparse.Namespace) -> int:
         print_json({"bundle": str(result.out), "ref": result.manifest.ref, "report": r})
         return 0
     print(f"wrote {result.out} ({result.manifest.ref}, {r['recipe']} {r['format']}, {r['frontend']} front end at {r['sample_rate']} Hz): "
-          f"{r['why']}")
+          f"{r['why']}; {rounding_line(r['rounding'])}")
     acc = ""
     if r["accuracy_float"] is not None:
         acc = f"; clips right: float {r['accuracy_float']:.1%} / quantized {r['accuracy_quant']:.1%} of {r['labelled']} labelled"

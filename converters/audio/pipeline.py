@@ -23,7 +23,7 @@ import numpy as np
 from converters.vision import gate
 from converters.vision.calib import MAX_CALIBRATION
 from converters.vision.pipeline import build_quantized, check_output, make_manifest, onnx_peak_bytes, package, write_extras
-from converters.vision.recipes import Format, Quant
+from converters.vision.recipes import Format, Quant, Rounding
 from converters.vision.source import Source, SourceKind, load_source
 from runtime.audio import FrontEnd, load_audio, open_frontend, wav_files
 from runtime.bundle import AudioSpec, Manifest, ModelKind
@@ -39,6 +39,7 @@ class Options:
     out: Path
     quant: Quant = Quant.AUTO
     fmt: Format = Format.TFLITE
+    rounding: Rounding = Rounding.GPTQ
     frontend: FrontEnd | None = None  # default: the zoo model's, else waveform
     frontend_files: tuple[Path, ...] = ()
     sample_rate: int | None = None
@@ -197,14 +198,14 @@ def _convert(opts: Options, source: Source, kind: FrontEnd, files: list[Path], r
     bundle = work / "bundle"
     bundle.mkdir()
     model_path = bundle / f"model.{ext}"
-    choice = build_quantized(source, opts.fmt, opts.quant, cal, opts.calib, work, model_path)
+    choice = build_quantized(source, opts.fmt, opts.quant, cal, opts.calib, work, model_path, rounding=opts.rounding)
     float_path = work / f"float.{ext}"
     report, ref, test = gate.run_gate(float_path, model_path, ext, ev.x, None, opts.min_agreement, threshold=opts.threshold)
     data = report.to_dict()
     if ev.labels is not None and (ev.labels >= 0).any():  # accuracy per labelled file, not per window
         data.update(labelled=int((ev.labels >= 0).sum()), accuracy_float=clip_accuracy(ev, ref, opts.threshold),
                     accuracy_quant=clip_accuracy(ev, test, opts.threshold))
-    data.update(recipe=choice.quant.value, why=choice.why, format=ext, calibration_samples=len(cal), sample_rate=rate,
+    data.update(recipe=choice.quant.value, why=choice.why, rounding=choice.rounding, format=ext, calibration_samples=len(cal), sample_rate=rate,
                 frontend=kind.value, evaluation=str(opts.eval) if opts.eval else f"the calibration set ({opts.calib}): no --eval given")
     if not report.passed:
         raise BadInput(f"accuracy gate failed: top-1 agreement {report.top1_agreement:.2%} with the float model is below "

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from converters.vision.recipes import Format, Quant, parse
+from converters.vision.recipes import Format, Quant, Rounding, parse
 from runtime.bundle import ColorOrder, Layout, ResizeMode
 from runtime.cli.common import print_json
 from runtime.errors import BadInput
@@ -46,6 +46,9 @@ def add_output_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quant", default="auto", choices=[q.value for q in Quant],
                         help="recipe (default auto: int8 for CNNs, int4w for matmul-heavy)")
     parser.add_argument("--format", default="tflite", choices=[f.value for f in Format], help="tflite (LiteRT) or onnx (ONNX Runtime)")
+    parser.add_argument("--rounding", default="gptq", choices=[r.value for r in Rounding],
+                        help="INT8 weight rounding for PyTorch sources: gptq (default; keeps each layer's output on the "
+                             "calibration set, about a minute for an ImageNet CNN) or nearest")
 
 
 def add_gate_arguments(parser: argparse.ArgumentParser, what: str) -> None:
@@ -62,7 +65,7 @@ def main(args: argparse.Namespace) -> int:
     opts = Options(
         model=args.model, calib=args.calib, out=args.out,
         quant=parse(Quant, args.quant, "--quant"), fmt=parse(Format, args.format, "--format"),
-        size=args.size, layout=Layout(args.layout) if args.layout else None,
+        rounding=parse(Rounding, args.rounding, "--rounding"), size=args.size, layout=Layout(args.layout) if args.layout else None,
         mean=_floats(args.mean, "--mean") if args.mean else None, std=_floats(args.std, "--std") if args.std else None,
         color_order=ColorOrder(args.color_order), resize=ResizeMode(args.resize),
         labels=args.labels, eval=args.eval, min_agreement=args.min_agreement, name=args.name, version=args.version,
@@ -74,7 +77,7 @@ def main(args: argparse.Namespace) -> int:
     if args.json:
         print_json({"bundle": str(result.out), "ref": result.manifest.ref, "report": r})
         return 0
-    print(f"wrote {result.out} ({result.manifest.ref}, {r['recipe']} {r['format']}): {r['why']}")
+    print(f"wrote {result.out} ({result.manifest.ref}, {r['recipe']} {r['format']}): {r['why']}; {rounding_line(r['rounding'])}")
     acc = ""
     if r["accuracy_float"] is not None:
         acc = f", accuracy float {r['accuracy_float']:.1%} / quantized {r['accuracy_quant']:.1%} on {r['labelled']} labelled"
@@ -84,3 +87,11 @@ def main(args: argparse.Namespace) -> int:
     print(f"  size {r['float_bytes'] / 2**20:.1f} -> {r['quant_bytes'] / 2**20:.1f} MiB, "
           f"latency {r['float_latency_ms']:.2f} -> {r['quant_latency_ms']:.2f} ms (1 thread)")
     return 0
+
+
+def rounding_line(rounding: dict) -> str:
+    """How the weights were rounded, for the conversion's summary line."""
+    if rounding["method"] == Rounding.GPTQ.value:
+        rest = f", {len(rounding['nearest'])} to nearest (too few calibration rows)" if rounding.get("nearest") else ""
+        return f"weights rounded by GPTQ ({rounding['layers']} layers{rest}, {rounding['seconds']:.0f} s)"
+    return f"weights rounded to nearest{': ' + rounding['why'] if 'why' in rounding else ''}"

@@ -9,11 +9,12 @@ nothing is left behind.
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import shutil
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,7 @@ import numpy as np
 
 from converters.vision import calib as calibration
 from converters.vision import gate
-from converters.vision.recipes import Choice, Format, Quant, choose
+from converters.vision.recipes import Choice, Format, Quant, Rounding, choose
 from converters.vision.source import Source, SourceKind, load_source
 from runtime.bundle import (
     EXTENSION,
@@ -50,6 +51,7 @@ class Options:
     out: Path
     quant: Quant = Quant.AUTO
     fmt: Format = Format.TFLITE
+    rounding: Rounding = Rounding.GPTQ
     size: int | None = None
     layout: Layout | None = None  # default: nhwc for TFLite, nchw for ONNX
     mean: tuple[float, ...] | None = None  # pixel units, (pixel - mean) / std
@@ -157,7 +159,7 @@ def _convert(opts: Options, source: Source, labels: list[str] | None, work: Path
     model_path = bundle / f"model.{ext}"
     onnx_module = None if source.module is None else _nchw(source.module, spec)
     choice = build_quantized(source, opts.fmt, opts.quant, cal.x, opts.calib, work, model_path,
-                             nhwc=spec.layout is Layout.NHWC, onnx_module=onnx_module)
+                             nhwc=spec.layout is Layout.NHWC, onnx_module=onnx_module, rounding=opts.rounding)
     report, ref, test = gate.run_gate(float_path, model_path, ext, ev.x, ev.labels, opts.min_agreement)
     data = _report(opts, choice, report, len(cal.x), source, ev, ref)
     data["float_self_agreement"] = floor = _self_agreement(float_path, ext, ev.x, ref, spec)
@@ -203,37 +205,64 @@ def make_manifest(kind: ModelKind, fmt: Format, name: str, version: str, files: 
 
 
 def build_quantized(source: Source, fmt: Format, quant: Quant, cal_x: np.ndarray, calib: Path, work: Path, model_path: Path,
-                    *, nhwc: bool = False, onnx_module: Any = None) -> Choice:
+                    *, nhwc: bool = False, onnx_module: Any = None, rounding: Rounding = Rounding.NEAREST) -> Choice:
     """Float model from ``source`` at ``work/float.EXT``, then the chosen recipe into ``model_path``; the choice made.
 
     ``nhwc`` puts a layout transpose in front of a PyTorch module for TFLite; ``onnx_module`` is the module the
-    ONNX export takes (default: the source's own).
+    ONNX export takes (default: the source's own). With ``rounding`` GPTQ and the INT8 recipe, a copy of the
+    module gets GPTQ-rounded weights and is exported again as ``work/rounded.EXT``, which the quantizer takes;
+    ``float.EXT`` stays the unchanged float model the gate compares against.
     """
     ext = fmt.value
     float_path = work / f"float.{ext}"
+    export_module = onnx_module if onnx_module is not None else source.module
     if fmt is Format.TFLITE:
         from converters.vision import tflite as route
 
+        if source.module is not None and nhwc:
+            export_module = route.nhwc_input(source.module)
         if source.kind is SourceKind.KERAS:
             route.export_keras(source.keras_path, float_path, work)  # type: ignore[arg-type]
         else:
-            route.export_float(source.module, cal_x, float_path, nhwc=nhwc)
+            route.export_float(export_module, cal_x, float_path, nhwc=False)
     else:
         from converters.vision import onnx_route as route  # type: ignore[no-redef]
 
         if source.kind is SourceKind.ONNX:
             route.copy_float(source.onnx_path, float_path)  # type: ignore[arg-type]
         else:
-            route.export_float(onnx_module if onnx_module is not None else source.module, cal_x, float_path)
+            route.export_float(export_module, cal_x, float_path)
     choice = choose(quant, route.op_census(float_path))
     if choice.quant is Quant.INT8:
         calibration.check_calibration(calibration.Samples(cal_x, None, ()), calib)
     log.info("recipe %s: %s", choice.quant.value, choice.why)
+    quantize_from = float_path
+    if choice.quant is Quant.INT8 and rounding is Rounding.GPTQ:
+        summary, rounded = _gptq(source, export_module, cal_x)
+        choice = replace(choice, rounding=summary)
+        if rounded is not None:
+            quantize_from = work / f"rounded.{ext}"
+            route.export_float(rounded, cal_x, quantize_from, **({"nhwc": False} if fmt is Format.TFLITE else {}))
     if fmt is Format.TFLITE:
-        route.quantize(float_path, choice.quant, cal_x, model_path)
+        route.quantize(quantize_from, choice.quant, cal_x, model_path)
     else:
-        route.quantize(float_path, choice.quant, cal_x, model_path, work)
+        route.quantize(quantize_from, choice.quant, cal_x, model_path, work)
     return choice
+
+
+def _gptq(source: Source, module: Any, cal_x: np.ndarray) -> tuple[dict[str, Any], Any]:
+    """GPTQ-rounded copy of ``module`` (which takes ``cal_x`` as it is), or why rounding stays nearest."""
+    from converters.vision import rounding
+
+    if source.module is None:
+        return {"method": Rounding.NEAREST.value, "why": f"GPTQ needs a PyTorch module, the source is {source.kind.value}"}, None
+    if not rounding.has_layers(module):
+        return {"method": Rounding.NEAREST.value,
+                "why": "no Conv2d/Linear modules to round (an ExportedProgram or TorchScript file keeps only its graph)"}, None
+    rounded = copy.deepcopy(module)
+    summary = rounding.round_weights(rounded, cal_x)
+    log.info("GPTQ rounded %d layers in %.1f s", summary["layers"], summary["seconds"])
+    return summary, rounded
 
 
 def package(bundle: Path, manifest: Manifest, out: Path) -> None:
@@ -320,7 +349,7 @@ def onnx_peak_bytes(path: Path, shape: list[int] | None, work: Path) -> int:
 
 def _report(opts: Options, choice: Choice, report: gate.GateReport, n_cal: int, source: Source, ev: Any, ref: np.ndarray) -> dict[str, Any]:
     data = report.to_dict()
-    data.update(recipe=choice.quant.value, why=choice.why, format=opts.fmt.value, calibration_samples=n_cal,
+    data.update(recipe=choice.quant.value, why=choice.why, rounding=choice.rounding, format=opts.fmt.value, calibration_samples=n_cal,
                 evaluation=str(opts.eval) if opts.eval else f"the calibration set ({opts.calib}): no --eval given")
     if source.module is not None:
         data["conversion"] = _parity(source.module, ev.x, ref, opts)

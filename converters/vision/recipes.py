@@ -9,7 +9,8 @@ INT4 weights pay (an MLP went 5.8 -> 1.2 ms). ``auto`` follows that.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from runtime.errors import BadInput
 
@@ -22,6 +23,11 @@ class Quant(str, enum.Enum):
     INT8 = "int8"  # full-integer static: int8 weights (per channel) and activations, calibrated
     INT4W = "int4w"  # 4-bit weights (per channel / block), float activations
     FP16 = "fp16"  # float16 weights
+
+
+class Rounding(str, enum.Enum):
+    GPTQ = "gptq"  # INT8 weights rounded to keep each layer's output on the calibration set (converters.vision.rounding)
+    NEAREST = "nearest"  # each weight to its nearest INT8 step, as the quantizers do on their own
 
 
 class Format(str, enum.Enum):
@@ -40,6 +46,7 @@ def parse(cls: type[enum.Enum], value: str, what: str):
 class Choice:
     quant: Quant
     why: str
+    rounding: dict[str, Any] = field(default_factory=lambda: {"method": Rounding.NEAREST.value})
 
 
 def choose(requested: Quant, ops: dict[str, int]) -> Choice:

@@ -73,6 +73,10 @@ def test_real_model_bundle_labels_photos(real_bundles, photo_sets, model: str, f
     bundle = real_bundles[(model, fmt)]
     report = json.loads((bundle / "report.json").read_text())
     assert report["passed"] and report["top5_agreement"] >= 0.95 and report["cosine_min"] > 0.9
+    rounding = report["rounding"]  # GPTQ is the default for zoo modules
+    assert rounding["method"] == "gptq" and rounding["layers"] >= 49
+    # the classifier's Linear sees one row per image: too few to pin H down, so it is rounded to nearest, and said so
+    assert len(rounding["nearest"]) == 1 and "128 rows for 1280 inputs" in rounding["nearest"][0]
     assert report["quant_bytes"] < report["float_bytes"] / 3  # INT8 is more than 3x smaller
     capsys.readouterr()
     assert edgerun(["run", str(bundle), "--input", *map(str, files), "--json", "--top-k", "1", "--threads", "1"]) == 0
