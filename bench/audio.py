@@ -15,7 +15,6 @@ Prints a Markdown table and writes bench/results/audio.json.
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import os
 import sys
@@ -29,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from converters.audio import zoo  # noqa: E402
 from converters.audio.pipeline import windows  # noqa: E402
-from converters.vision import gate, onnx_route, rounding, tflite  # noqa: E402
+from converters.vision import gate, onnx_route, tflite  # noqa: E402
 from converters.vision.recipes import Quant  # noqa: E402
 from runtime.audio import OpenWakeWordFrontEnd, load_audio  # noqa: E402
 from runtime.classifier import time_calls  # noqa: E402
@@ -62,23 +61,19 @@ def main() -> int:
             fe.windows(c.samples, c.rate)
         fe_ms_per_s = (time.perf_counter() - start) * 1e3 / seconds
         fe.close()
-        rounded = copy.deepcopy(module)
-        rounding.round_weights(rounded, cal)  # the converter's default for INT8
         for fmt in ("tflite", "onnx"):
-            fp, rp = root / f"float.{fmt}", root / f"rounded.{fmt}"
-            for m, path in ((module, fp), (rounded, rp)):
-                if fmt == "tflite":
-                    tflite.export_float(m, cal, path, nhwc=False)
-                else:
-                    onnx_route.export_float(m, cal, path)
+            fp = root / f"float.{fmt}"
+            if fmt == "tflite":
+                tflite.export_float(module, cal, fp, nhwc=False)
+            else:
+                onnx_route.export_float(module, cal, fp)
             ref = None
-            for tag, quant, src in (("float", None, fp), ("INT8 nearest", Quant.INT8, fp), ("INT8 GPTQ", Quant.INT8, rp),
-                                    ("INT4 weights", Quant.INT4W, fp)):
-                path = fp if quant is None else root / f"{tag.replace(' ', '-')}.{fmt}"
+            for tag, quant in (("float", None), ("INT8", Quant.INT8), ("INT4 weights", Quant.INT4W)):
+                path = fp if quant is None else root / f"{quant.value}.{fmt}"
                 if quant is not None and fmt == "tflite":
-                    tflite.quantize(src, quant, cal, path)
+                    tflite.quantize(fp, quant, cal, path)
                 elif quant is not None:
-                    onnx_route.quantize(src, quant, cal, path, root)
+                    onnx_route.quantize(fp, quant, cal, path, root)
                 with gate.open_model(path, fmt, 1) as b:
                     y = gate.outputs(b, ev)
                     t = time_calls(b, gate.quantize(ev[:1], gate.tensor_quant(b.input)), args.runs, warmup=20)

@@ -262,7 +262,7 @@ def _gptq(source: Source, module: Any, cal_x: np.ndarray) -> tuple[dict[str, Any
     rounded = copy.deepcopy(module)
     summary = rounding.round_weights(rounded, cal_x)
     log.info("GPTQ rounded %d layers in %.1f s", summary["layers"], summary["seconds"])
-    return summary, rounded
+    return summary, rounded if summary["layers"] else None  # none rounded: quantize the float model as it is
 
 
 def package(bundle: Path, manifest: Manifest, out: Path) -> None:

