@@ -211,3 +211,11 @@ def test_plan_counts_front_end_and_inputs_and_refuses_before_loading(bundles: di
     assert edgerun(["run", str(bundles["tflite-int8"]), "--input", clip, "--memory", "60M"]) == 3
     err = capsys.readouterr().err
     assert "does not fit the 60.0 MiB budget" in err
+
+
+def test_rounding_nearest_is_recorded(speech: dict[str, object], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    capsys.readouterr()
+    assert edgerun(_convert(speech, tmp_path / "nearest", "tflite", "int8", "--rounding", "nearest", "--json")) == 0
+    report = json.loads(capsys.readouterr().out)["report"]
+    assert report["rounding"] == {"method": "nearest"}  # GPTQ skipped on request: nothing about it in the report
+    assert report["passed"]
