@@ -38,7 +38,8 @@ def main(args: argparse.Namespace) -> int:
     opts = Options(
         model=args.model, calib=args.calib, out=args.out,
         quant=parse(Quant, args.quant, "--quant"), fmt=parse(Format, args.format, "--format"),
-        rounding=parse(Rounding, args.rounding, "--rounding"), frontend=FrontEnd(args.frontend) if args.frontend else None, frontend_files=tuple(args.frontend_model),
+        rounding=parse(Rounding, args.rounding, "--rounding"),
+        frontend=FrontEnd(args.frontend) if args.frontend else None, frontend_files=tuple(args.frontend_model),
         sample_rate=args.sample_rate, labels=args.labels, eval=args.eval, min_agreement=args.min_agreement,
         threshold=args.threshold, name=args.name, version=args.version,
     )

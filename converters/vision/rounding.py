@@ -89,7 +89,11 @@ def _hessian(layer: Any, x: Any) -> tuple[Any, int]:
     if isinstance(layer, torch.nn.Linear):
         cols = x.reshape(-1, x.shape[-1])
         return (cols.T @ cols).double()[None], cols.shape[0]
-    padding = layer.padding if isinstance(layer.padding, tuple) else 0  # "same"/"valid" strings: input already padded
+    padding = layer.padding
+    if padding == "same":  # stride 1: pad so the output keeps the input's size (centred; exact for odd kernels)
+        padding = tuple(d * (k - 1) // 2 for d, k in zip(layer.dilation, layer.kernel_size, strict=True))
+    elif padding == "valid":
+        padding = 0
     patches = F.unfold(x, layer.kernel_size, dilation=layer.dilation, padding=padding, stride=layer.stride)  # N, K*g, L
     n, k, length = patches.shape
     g = layer.groups
@@ -102,11 +106,10 @@ def _gptq(w: Any, h: Any) -> Any:
     import torch
 
     w = w.double().clone()
-    g, r, k = w.shape
+    k = w.shape[2]
     scale = w.abs().amax(2).clamp_min(1e-30) / QMAX  # (G, R)
     top = w.abs().argmax(2)  # each row's largest weight keeps +-QMAX, so the quantizer recomputes this scale
     sign = torch.sign(torch.gather(w, 2, top[..., None])[..., 0])
-    h = h.clone()
     eye = torch.eye(k, dtype=h.dtype)
     diag = torch.diagonal(h, dim1=1, dim2=2)
     dead = diag == 0  # an input that is always zero: its weights do not matter

@@ -133,3 +133,11 @@ def test_a_graph_only_module_keeps_nearest_rounding() -> None:
     program = torch.export.export(Tiny().eval(), (x,))
     assert not rounding.has_layers(program.module())
     assert rounding.has_layers(Tiny())
+
+
+def test_same_padding_sees_the_patches_explicit_padding_sees() -> None:
+    x = torch.randn(2, 3, 9, 9)
+    h_same, rows_same = rounding._hessian(nn.Conv2d(3, 4, 3, padding="same"), x)
+    h_one, rows_one = rounding._hessian(nn.Conv2d(3, 4, 3, padding=1), x)
+    assert rows_same == rows_one == 2 * 9 * 9  # every output position, borders included
+    torch.testing.assert_close(h_same, h_one)
