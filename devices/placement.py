@@ -115,10 +115,14 @@ def resolve_placement(
     require_accelerator: bool = False,
     threads: int | None = None,
     n_layers: int | None = None,
+    int8: bool = False,
     machine: Machine | None = None,
     caps: BackendCaps | None = None,
 ) -> Placement:
-    """Resolve ``target`` for ``backend`` on ``machine`` (default: this one) with ``caps`` (default: probed now)."""
+    """Resolve ``target`` for ``backend`` on ``machine`` (default: this one) with ``caps`` (default: probed now).
+
+    ``int8``: the model computes in 8-bit integers; on a CPU without 8-bit dot-product instructions the
+    placement then says that INT8 will not be faster than float there."""
     kind = Backend.parse(backend)
     requested = Target.parse(target)
     if require_accelerator and requested is Target.CPU:
@@ -154,6 +158,9 @@ def resolve_placement(
         chosen = (Target.CPU, _Step(device="cpu", providers=("CPUExecutionProvider",) if kind is Backend.ORT else ()))
     n_threads, notes = _threads(machine, threads)
     resolved, step = chosen
+    if int8 and resolved is Target.CPU and not machine.cpu.int8_dot:
+        notes.append(f"INT8 about as fast as float here: {machine.cpu.arch} CPU without 8-bit dot-product instructions "
+                     "(x86 VNNI, ARM dotprod)")
     return Placement(
         backend=kind.value,
         requested=requested,

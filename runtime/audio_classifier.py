@@ -89,7 +89,8 @@ class AudioClassifier:
         # the model's batch is a segment's windows, whatever the number of files
         plan = plan_classifier(manifest, weights, memory or default_budget(), batch=SEGMENT_WINDOWS, resident_bytes=resident_bytes,
                                input_bytes=input_bytes + segment_bytes(spec))
-        placement = resolve_placement(manifest.backend.value, target, require_accelerator=require_accelerator, threads=threads)
+        placement = resolve_placement(manifest.backend.value, target, require_accelerator=require_accelerator, threads=threads,
+                                      int8=spec.quantization == "int8")
         labels = preprocess.read_labels(model.directory / spec.labels) if spec.labels else []
         frontend = open_frontend(FrontEnd(spec.frontend), files, spec.input_shape, threads=placement.threads)
         try:

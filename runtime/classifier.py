@@ -101,7 +101,8 @@ class Classifier:
                            "(audio: runtime.audio_classifier.AudioClassifier)")
         budget = memory or default_budget()
         plan = plan_classifier(manifest, manifest.file("weights").size, budget, batch=batch, resident_bytes=resident_bytes)
-        placement = resolve_placement(manifest.backend.value, target, require_accelerator=require_accelerator, threads=threads)
+        placement = resolve_placement(manifest.backend.value, target, require_accelerator=require_accelerator, threads=threads,
+                                      int8=manifest.vision.quantization == "int8")
         labels = preprocess.read_labels(model.directory / manifest.vision.labels) if manifest.vision.labels else []
         backend = open_backend(model, placement)
         try:

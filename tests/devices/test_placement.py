@@ -167,3 +167,13 @@ def test_loaded_placement_reports_offload():
     done = p.loaded(Offload(unit="layers", on_accelerator=19, total=19))
     assert "19/19 layers on the accelerator" in done.summary()
     assert done.to_dict()["offload"] == {"unit": "layers", "on_accelerator": 19, "total": 19}
+
+
+@pytest.mark.parametrize("fixture, slow", [("pi4-coral", True), ("pi5", False), ("x86-server", False)])
+def test_int8_on_a_cpu_without_dot_product_says_it_is_not_faster(fixture, slow):
+    # the Pi 4's Cortex-A72 lacks ARM dotprod; the Pi 5's A76 and the Xeon's VNNI have it
+    p = resolve_placement("litert", "cpu", machine=board(fixture), caps=LITERT_PLAIN, threads=2, int8=True)
+    assert any("INT8 about as fast as float" in n for n in p.notes) is slow
+    assert ("INT8 about as fast as float" in p.summary()) is slow
+    plain = resolve_placement("litert", "cpu", machine=board(fixture), caps=LITERT_PLAIN, threads=2)
+    assert not any("INT8" in n for n in plain.notes)
