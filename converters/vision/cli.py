@@ -83,10 +83,17 @@ def main(args: argparse.Namespace) -> int:
         acc = f", accuracy float {r['accuracy_float']:.1%} / quantized {r['accuracy_quant']:.1%} on {r['labelled']} labelled"
     print(f"  gate: top-1 agreement {r['top1_agreement']:.1%}, top-5 {r['top5_agreement']:.1%}, cosine min {r['cosine_min']:.4f}, "
           f"max abs error {r['max_abs_error']:.3g} on {r['samples']} samples{acc}; "
-          f"float vs itself under +-1 grey level of noise {r['float_self_agreement']:.1%}")
+          f"float vs itself under +-1 grey level of noise {r['float_self_agreement']:.1%}{stable_line(r)}")
     print(f"  size {r['float_bytes'] / 2**20:.1f} -> {r['quant_bytes'] / 2**20:.1f} MiB, "
           f"latency {r['float_latency_ms']:.2f} -> {r['quant_latency_ms']:.2f} ms (1 thread)")
     return 0
+
+
+def stable_line(r: dict) -> str:
+    """Agreement on the samples whose float top-1 survives that noise (old reports lack it)."""
+    if r.get("top1_agreement_stable") is None:
+        return ""
+    return f", top-1 agreement {r['top1_agreement_stable']:.1%} on the {r['stable_samples']} samples where it holds"
 
 
 def rounding_line(rounding: dict) -> str:

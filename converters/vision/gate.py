@@ -111,6 +111,24 @@ def compare(ref: np.ndarray, test: np.ndarray, labels: np.ndarray | None, thresh
     return out
 
 
+def agreement_where_stable(ref: np.ndarray, noisy: np.ndarray, test: np.ndarray) -> tuple[float | None, int]:
+    """Top-1 agreement of ``test`` with ``ref`` over the samples whose float top-1 survives an invisible input
+    change (``noisy``: the float model's outputs on the same inputs with +-1 grey level of noise), and how many
+    such samples there are; None when there are none.
+
+    A sample whose float top-1 flips under noise no one can see sits on a decision boundary: any quantization
+    moves it as readily, and counting it measures the evaluation set as much as the model.
+    """
+    stable = ref.argmax(1) == noisy.argmax(1)
+    if ref.shape[1] == 1:  # a detector's score: its decision at 0.5
+        stable = (ref[:, 0] >= 0.5) == (noisy[:, 0] >= 0.5)
+        agree = (ref[:, 0] >= 0.5) == (test[:, 0] >= 0.5)
+    else:
+        agree = ref.argmax(1) == test.argmax(1)
+    n = int(stable.sum())
+    return (float(agree[stable].mean()) if n else None), n
+
+
 def run_gate(float_path: Path, quant_path: Path, model_format: str, x: np.ndarray, labels: np.ndarray | None,
              min_agreement: float, threshold: float = 0.5) -> tuple[GateReport, np.ndarray, np.ndarray]:
     with open_model(float_path, model_format) as ref_model, open_model(quant_path, model_format) as test_model:

@@ -162,11 +162,13 @@ def _convert(opts: Options, source: Source, labels: list[str] | None, work: Path
                              nhwc=spec.layout is Layout.NHWC, onnx_module=onnx_module, rounding=opts.rounding)
     report, ref, test = gate.run_gate(float_path, model_path, ext, ev.x, ev.labels, opts.min_agreement)
     data = _report(opts, choice, report, len(cal.x), source, ev, ref)
-    data["float_self_agreement"] = floor = _self_agreement(float_path, ext, ev.x, ref, spec)
+    noisy = _noisy_outputs(float_path, ext, ev.x, spec)
+    data["float_self_agreement"] = floor = float((noisy.argmax(1) == ref.argmax(1)).mean())
+    data["top1_agreement_stable"], data["stable_samples"] = gate.agreement_where_stable(ref, noisy, test)
     if not report.passed:
         raise BadInput(f"accuracy gate failed: top-1 agreement {report.top1_agreement:.2%} with the float model is below "
                        f"--min-agreement {opts.min_agreement:.2%} on {report.samples} samples (cosine min {report.cosine_min:.4f}; "
-                       f"the float model agrees {floor:.2%} with itself under +-1 grey level of noise on this set); "
+                       f"the float model agrees {floor:.2%} with itself under +-1 grey level of noise on this set{_stable(data)}); "
                        f"nothing was written. Try more or more representative --calib data, or --quant fp16")
     files = [("weights", model_path)]
     title = f"{opts.name or source.name} {choice.quant.value} {ext}"
@@ -276,15 +278,22 @@ def package(bundle: Path, manifest: Manifest, out: Path) -> None:
         bundle.rename(out)
 
 
-def _self_agreement(float_path: Path, ext: str, x: np.ndarray, ref: np.ndarray, spec: VisionSpec, seed: int = 0) -> float:
-    """Top-1 agreement of the float model with itself when every pixel moves by -1, 0 or +1 grey level at random:
-    the noise floor under the gate's agreement on this evaluation set (no quantized model can be asked to beat
-    what an invisible change does to the float one)."""
+def _stable(data: dict[str, Any]) -> str:
+    if data["top1_agreement_stable"] is None:
+        return ", and no sample keeps its float top-1 under that noise"
+    return f"; agreement {data['top1_agreement_stable']:.2%} on the {data['stable_samples']} samples where it does not flip"
+
+
+def _noisy_outputs(float_path: Path, ext: str, x: np.ndarray, spec: VisionSpec, seed: int = 0) -> np.ndarray:
+    """The float model's outputs when every pixel moves by -1, 0 or +1 grey level at random. Its top-1 agreement
+    with the clean outputs is the noise floor under the gate's agreement on this evaluation set (no quantized
+    model can be asked to beat what an invisible change does to the float one); the samples it leaves unchanged
+    are the ones whose float decision means something (:func:`gate.agreement_where_stable`)."""
     std = np.asarray(spec.std, np.float32)
     shape = (1, -1, 1, 1) if spec.layout is Layout.NCHW else (1, 1, 1, -1)
     noise = np.random.default_rng(seed).integers(-1, 2, x.shape).astype(np.float32) / std.reshape(shape)
     with gate.open_model(float_path, ext) as model:
-        return float((gate.outputs(model, (x + noise).astype(np.float32)).argmax(1) == ref.argmax(1)).mean())
+        return gate.outputs(model, (x + noise).astype(np.float32))
 
 
 def _nchw(module: Any, spec: VisionSpec) -> Any:
