@@ -79,15 +79,19 @@ def latency_ms(backend: ClassifierBackend, x: np.ndarray, runs: int = LATENCY_RU
     return float(np.median(time_calls(backend, quantize(x[:1], tensor_quant(backend.input)), runs)) * 1000)
 
 
+def decisions(out: np.ndarray, threshold: float = 0.5) -> np.ndarray:
+    """Each sample's top-1 class; for one output column (a detector's score), its decision: score >= ``threshold``."""
+    return (out[:, 0] >= threshold).astype(int) if out.shape[1] == 1 else out.argmax(1)
+
+
 def compare(ref: np.ndarray, test: np.ndarray, labels: np.ndarray | None, threshold: float = 0.5) -> dict[str, Any]:
     """The metrics above. One output column is a detector's score: "top-1" is then its decision (score >= ``threshold``),
     top-5 agreement equals top-1, and the cosine is taken over the score column of all samples together."""
+    top1_ref, top1_test = decisions(ref, threshold), decisions(test, threshold)
     if ref.shape[1] == 1:
-        top1_ref, top1_test = (ref[:, 0] >= threshold).astype(int), (test[:, 0] >= threshold).astype(int)
         top5_hit = top1_ref == top1_test
         cos = np.array([float(ref[:, 0] @ test[:, 0] / max(np.linalg.norm(ref) * np.linalg.norm(test), 1e-30))])
     else:
-        top1_ref, top1_test = ref.argmax(1), test.argmax(1)
         top5_hit = (np.argsort(-test, axis=1)[:, :5] == top1_ref[:, None]).any(1)
         dot = (ref * test).sum(1)
         norms = np.linalg.norm(ref, axis=1) * np.linalg.norm(test, axis=1)
@@ -111,7 +115,7 @@ def compare(ref: np.ndarray, test: np.ndarray, labels: np.ndarray | None, thresh
     return out
 
 
-def agreement_where_stable(ref: np.ndarray, noisy: np.ndarray, test: np.ndarray) -> tuple[float | None, int]:
+def agreement_where_stable(ref: np.ndarray, noisy: np.ndarray, test: np.ndarray, threshold: float = 0.5) -> tuple[float | None, int]:
     """Top-1 agreement of ``test`` with ``ref`` over the samples whose float top-1 survives an invisible input
     change (``noisy``: the float model's outputs on the same inputs with +-1 grey level of noise), and how many
     such samples there are; None when there are none.
@@ -119,14 +123,10 @@ def agreement_where_stable(ref: np.ndarray, noisy: np.ndarray, test: np.ndarray)
     A sample whose float top-1 flips under noise no one can see sits on a decision boundary: any quantization
     moves it as readily, and counting it measures the evaluation set as much as the model.
     """
-    stable = ref.argmax(1) == noisy.argmax(1)
-    if ref.shape[1] == 1:  # a detector's score: its decision at 0.5
-        stable = (ref[:, 0] >= 0.5) == (noisy[:, 0] >= 0.5)
-        agree = (ref[:, 0] >= 0.5) == (test[:, 0] >= 0.5)
-    else:
-        agree = ref.argmax(1) == test.argmax(1)
+    top1 = decisions(ref, threshold)
+    stable = top1 == decisions(noisy, threshold)
     n = int(stable.sum())
-    return (float(agree[stable].mean()) if n else None), n
+    return (float((top1 == decisions(test, threshold))[stable].mean()) if n else None), n
 
 
 def run_gate(float_path: Path, quant_path: Path, model_format: str, x: np.ndarray, labels: np.ndarray | None,

@@ -162,9 +162,9 @@ def _convert(opts: Options, source: Source, labels: list[str] | None, work: Path
                              nhwc=spec.layout is Layout.NHWC, onnx_module=onnx_module, rounding=opts.rounding)
     report, ref, test = gate.run_gate(float_path, model_path, ext, ev.x, ev.labels, opts.min_agreement)
     data = _report(opts, choice, report, len(cal.x), source, ev, ref)
-    noisy = _noisy_outputs(float_path, ext, ev.x, spec)
-    data["float_self_agreement"] = floor = float((noisy.argmax(1) == ref.argmax(1)).mean())
-    data["top1_agreement_stable"], data["stable_samples"] = gate.agreement_where_stable(ref, noisy, test)
+    stable = gate.agreement_where_stable(ref, _noisy_outputs(float_path, ext, ev.x, spec), test)
+    data["top1_agreement_stable"], data["stable_samples"] = stable
+    data["float_self_agreement"] = floor = stable[1] / len(ev.x)  # the samples whose float top-1 the noise leaves alone
     if not report.passed:
         raise BadInput(f"accuracy gate failed: top-1 agreement {report.top1_agreement:.2%} with the float model is below "
                        f"--min-agreement {opts.min_agreement:.2%} on {report.samples} samples (cosine min {report.cosine_min:.4f}; "
