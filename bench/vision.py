@@ -2,7 +2,9 @@
 
 For each model: the PyTorch float model (the "what you'd use instead" baseline),
 float and static-INT8 TFLite (LiteRT), float and static-INT8 ONNX (ONNX Runtime), INT8 with
-weights rounded to nearest and with GPTQ-rounded weights (the converter's default):
+weights rounded to nearest, with GPTQ-rounded weights (the converter's default), and what
+``--equalize on`` builds (activation ranges equalized across channels before GPTQ, the
+candidate closest to float on the calibration set kept; converters.vision.equalize):
 size, batch-1 latency p50/p99 at 1 and 2 threads through edgerun's backends,
 top-1 agreement with the float model of the same format on the 8 real photos
 plus a generated set of 192 crops/flips/brightness changes of them, and how many
@@ -33,7 +35,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import copy  # noqa: E402
 
 from converters.vision import gate, onnx_route, photos, rounding, tflite, zoo  # noqa: E402
-from converters.vision.recipes import Quant  # noqa: E402
+from converters.vision.pipeline import build_quantized  # noqa: E402
+from converters.vision.recipes import Format, Quant, Rounding  # noqa: E402
+from converters.vision.source import Source, SourceKind  # noqa: E402
 from runtime.bundle import Layout, VisionSpec  # noqa: E402
 from runtime.classifier import time_calls  # noqa: E402
 from runtime.preprocess import image_tensor  # noqa: E402
@@ -92,6 +96,14 @@ def main() -> int:
             with tempfile.TemporaryDirectory() as tmp:
                 fp, qp = Path(tmp) / f"float.{fmt}", Path(tmp) / f"int8.{fmt}"
                 rp, gp = Path(tmp) / f"rounded.{fmt}", Path(tmp) / f"gptq.{fmt}"
+                # what `edgerun convert --equalize on` builds: every equalization candidate GPTQ-rounded and
+                # quantized, the one closest to float on the calibration set kept
+                ep, eq_work = Path(tmp) / f"equalized.{fmt}", Path(tmp) / "eq"
+                eq_work.mkdir()
+                choice = build_quantized(Source(SourceKind.TORCH, name, module=module), Format(fmt), Quant.INT8, cal, Path("bench"),
+                                         eq_work, ep, nhwc=fmt == "tflite", rounding=Rounding.GPTQ, equalize=True)
+                kept = choice.equalization["kept"]
+                print(f"equalize {name} {fmt}: {choice.equalization}", file=sys.stderr, flush=True)
                 if fmt == "tflite":
                     tflite.export_float(module, cal, fp, nhwc=True)
                     tflite.quantize(fp, Quant.INT8, cal, qp)
@@ -103,7 +115,7 @@ def main() -> int:
                     onnx_route.export_float(rounded, cal, rp)
                     onnx_route.quantize(rp, Quant.INT8, cal, gp, Path(tmp))
                 outs = {}
-                for tag, path in (("float", fp), ("INT8 nearest", qp), ("INT8 GPTQ", gp)):
+                for tag, path in (("float", fp), ("INT8 nearest", qp), ("INT8 GPTQ", gp), (f"INT8 --equalize on: {kept}", ep)):
                     row = {"model": name, "variant": f"{tag} {'TFLite (LiteRT)' if fmt == 'tflite' else 'ONNX (ORT)'}",
                            "size_mb": path.stat().st_size / 2**20}
                     for threads in (1, 2):

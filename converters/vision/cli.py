@@ -37,6 +37,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--resize", default="center-crop", choices=[v.value for v in ResizeMode])
     parser.add_argument("--labels", type=Path, help="class labels, one per line")
     parser.add_argument("--eval", type=Path, help="evaluation set (folder, optionally with label-named subfolders, or .npz with x, y)")
+    parser.add_argument("--equalize", default="off", choices=["on", "off"],
+                        help="INT8 for PyTorch sources: also try evening out activation ranges across channels (exact "
+                             "rewrites of the float model) and keep the INT8 model closest to float on the calibration "
+                             "set; about a minute more per candidate (default off; see converters/vision/equalize.py)")
     add_gate_arguments(parser, "top-1 agreement")
 
 
@@ -65,7 +69,8 @@ def main(args: argparse.Namespace) -> int:
     opts = Options(
         model=args.model, calib=args.calib, out=args.out,
         quant=parse(Quant, args.quant, "--quant"), fmt=parse(Format, args.format, "--format"),
-        rounding=parse(Rounding, args.rounding, "--rounding"), size=args.size, layout=Layout(args.layout) if args.layout else None,
+        rounding=parse(Rounding, args.rounding, "--rounding"), equalize=args.equalize == "on",
+        size=args.size, layout=Layout(args.layout) if args.layout else None,
         mean=_floats(args.mean, "--mean") if args.mean else None, std=_floats(args.std, "--std") if args.std else None,
         color_order=ColorOrder(args.color_order), resize=ResizeMode(args.resize),
         labels=args.labels, eval=args.eval, min_agreement=args.min_agreement, name=args.name, version=args.version,
@@ -77,7 +82,8 @@ def main(args: argparse.Namespace) -> int:
     if args.json:
         print_json({"bundle": str(result.out), "ref": result.manifest.ref, "report": r})
         return 0
-    print(f"wrote {result.out} ({result.manifest.ref}, {r['recipe']} {r['format']}): {r['why']}; {rounding_line(r['rounding'])}")
+    print(f"wrote {result.out} ({result.manifest.ref}, {r['recipe']} {r['format']}): {r['why']}; {rounding_line(r['rounding'])}"
+          f"{equalization_line(r.get('equalization'))}")
     acc = ""
     if r["accuracy_float"] is not None:
         acc = f", accuracy float {r['accuracy_float']:.1%} / quantized {r['accuracy_quant']:.1%} on {r['labelled']} labelled"
@@ -102,3 +108,17 @@ def rounding_line(rounding: dict) -> str:
         rest = f", {len(rounding['nearest'])} to nearest (too few calibration rows)" if rounding.get("nearest") else ""
         return f"weights rounded by GPTQ ({rounding['layers']} layers{rest}, {rounding['seconds']:.0f} s)"
     return f"weights rounded to nearest{': ' + rounding['why'] if 'why' in rounding else ''}"
+
+
+def equalization_line(eq: dict | None) -> str:
+    """What activation equalization did (reports from before it existed lack it)."""
+    if not eq:
+        return ""
+    if "kept" in eq:
+        kl = eq["calibration_kl"]
+        tried = ", ".join(f"{t} {v:.4g}" for t, v in kl.items())
+        what = f"kept {eq['kept']!r}" + (f" ({eq['depthwise_pairs']} depthwise inputs, {eq['streams']} streams)" if eq["applied"] else "")
+        return f"; activation equalization: {what}, calibration KL {tried}"
+    if eq["applied"]:
+        return f"; activations equalized ({eq['depthwise_pairs']} depthwise inputs, {eq['streams']} streams)"
+    return f"; activations not equalized: {eq['why']}"

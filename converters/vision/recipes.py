@@ -47,6 +47,7 @@ class Choice:
     quant: Quant
     why: str
     rounding: dict[str, Any] = field(default_factory=lambda: {"method": Rounding.NEAREST.value})
+    equalization: dict[str, Any] = field(default_factory=lambda: {"applied": False, "why": "not an INT8 recipe"})
 
 
 def choose(requested: Quant, ops: dict[str, int]) -> Choice:

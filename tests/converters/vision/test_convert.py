@@ -40,6 +40,7 @@ def test_int8_bundle_passes_gate_and_records_preprocessing(digit_bundles: dict[s
     assert report["conversion"]["top1_agreement"] == 1.0  # float export matches PyTorch exactly in top-1
     # a .pt2 ExportedProgram has no Conv2d/Linear modules left for GPTQ: the report says so and why
     assert report["rounding"]["method"] == "nearest" and "graph" in report["rounding"]["why"]
+    assert not report["equalization"]["applied"] and "--equalize on" in report["equalization"]["why"]  # opt-in
     assert report["quant_bytes"] < report["float_bytes"]
     assert (bundle / "report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 

@@ -6,6 +6,7 @@ variants of the packaged photos and gated on the 8 photos plus 96 other
 variants. The gate threshold here is 0.75: measured top-1 agreement with float
 is 0.78-0.94 (see the README's vision table), below the issue's 0.99 target,
 MobileNetV2 furthest; the photos themselves must keep their correct labels.
+MobileNetV2 converts once more with ``--equalize on``.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from converters.vision.pipeline import EQUALIZE_MARGIN
 from runtime.cli import main as edgerun
 
 pytestmark = pytest.mark.slow
@@ -77,6 +79,7 @@ def test_real_model_bundle_labels_photos(real_bundles, photo_sets, model: str, f
     assert rounding["method"] == "gptq" and rounding["layers"] >= 49
     # the classifier's Linear sees one row per image: too few to pin H down, so it is rounded to nearest, and said so
     assert len(rounding["nearest"]) == 1 and "128 rows for 1280 inputs" in rounding["nearest"][0]
+    assert not report["equalization"]["applied"] and "--equalize on" in report["equalization"]["why"]  # opt-in
     assert report["quant_bytes"] < report["float_bytes"] / 3  # INT8 is more than 3x smaller
     capsys.readouterr()
     assert edgerun(["run", str(bundle), "--input", *map(str, files), "--json", "--top-k", "1", "--threads", "1"]) == 0
@@ -86,3 +89,22 @@ def test_real_model_bundle_labels_photos(real_bundles, photo_sets, model: str, f
     for p, ok, pred in zip(ph, float_ok, preds, strict=True):
         if ok:  # where float is right, the INT8 bundle is right too (any accepted synonym)
             assert pred["labels"][0]["index"] in p.expected, (p.name, pred["labels"][0])
+
+
+def test_equalize_on_brings_mobilenet_v2_closer_to_float(real_bundles, photo_sets, tmp_path: Path) -> None:
+    """`--equalize on`: every candidate is quantized and the one closest to float on the calibration set kept.
+    MobileNetV2's channel ranges are uneven, so an equalized candidate wins, and it agrees with float more often
+    on the evaluation set than the default bundle (README: 80 -> 89 % on the benchmark's set, TFLite)."""
+    _, _, calib, ev = photo_sets
+    out = tmp_path / "mnv2-eq"
+    assert edgerun(["convert", "vision", "zoo:mobilenet-v2", "--calib", str(calib), "--eval", str(ev), "--quant", "int8",
+                    "--format", "tflite", "--equalize", "on", "--min-agreement", MIN_AGREEMENT, "--out", str(out)]) == 0
+    report = json.loads((out / "report.json").read_text())
+    default = json.loads((real_bundles[("mobilenet-v2", "tflite")] / "report.json").read_text())
+    eq = report["equalization"]
+    kl = eq["calibration_kl"]
+    assert set(kl) == {"as is", "depthwise inputs", "streams alpha 0.5", "streams alpha 0.8"}
+    assert eq["kept"] == min(kl, key=kl.get) and eq["kept"] != "as is" and eq["applied"]
+    assert eq["depthwise_pairs"] == 17 and kl[eq["kept"]] < EQUALIZE_MARGIN * kl["as is"]
+    assert report["rounding"]["method"] == "gptq"
+    assert report["top1_agreement"] > default["top1_agreement"] and report["cosine_min"] > default["cosine_min"]
