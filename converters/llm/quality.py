@@ -30,6 +30,7 @@ import numpy as np
 from converters.llm.native_log import native_output_to_log
 from converters.llm.progress import Progress
 from runtime.errors import BackendError, BadInput, missing
+from runtime.preprocess import log_softmax
 
 log = logging.getLogger(__name__)
 ROW_BLOCK = 32  # rows of logits turned into float64 log-probs at a time
@@ -58,12 +59,6 @@ class QualityReport:
         return {k: float(f"{v:.6g}") if isinstance(v, float) else v for k, v in data.items()}  # 6 significant digits
 
 
-def _log_softmax(x: np.ndarray) -> np.ndarray:
-    x = x.astype(np.float64)
-    x -= x.max(axis=-1, keepdims=True)
-    return x - np.log(np.exp(x).sum(axis=-1, keepdims=True))
-
-
 def _open(path: Path, ctx: int, threads: int) -> Any:
     try:
         from llama_cpp import Llama
@@ -80,7 +75,7 @@ def score_window(ref: np.ndarray, test: np.ndarray, targets: np.ndarray) -> tupl
     """Per position: (NLL ref, NLL test, KL(ref || test), top-1 equal) for logits rows and their next tokens."""
     nll_r, nll_t, kl, same = [], [], [], []
     for s in range(0, len(targets), ROW_BLOCK):
-        lr, lt, tg = _log_softmax(ref[s:s + ROW_BLOCK]), _log_softmax(test[s:s + ROW_BLOCK]), targets[s:s + ROW_BLOCK]
+        lr, lt, tg = log_softmax(ref[s:s + ROW_BLOCK]), log_softmax(test[s:s + ROW_BLOCK]), targets[s:s + ROW_BLOCK]
         rows = np.arange(len(tg))
         nll_r.append(-lr[rows, tg])
         nll_t.append(-lt[rows, tg])

@@ -119,6 +119,4 @@ def equalization_line(eq: dict | None) -> str:
         tried = ", ".join(f"{t} {v:.4g}" for t, v in kl.items())
         what = f"kept {eq['kept']!r}" + (f" ({eq['depthwise_pairs']} depthwise inputs, {eq['streams']} streams)" if eq["applied"] else "")
         return f"; activation equalization: {what}, calibration KL {tried}"
-    if eq["applied"]:
-        return f"; activations equalized ({eq['depthwise_pairs']} depthwise inputs, {eq['streams']} streams)"
     return f"; activations not equalized: {eq['why']}"

@@ -45,6 +45,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch import nn
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +60,6 @@ TOLERANCE = 1e-3  # max |rewritten - original| over max |original| on the verifi
 
 def _tracer() -> Any:
     import torch.fx as fx
-    from torch import nn
 
     class Tracer(fx.Tracer):
         # convolutions with "same" padding done in forward() (EfficientNet ports) stay one node
@@ -73,10 +73,7 @@ class _Graph:
     """The traced model with the questions the rewrites ask of its nodes."""
 
     def __init__(self, gm: Any) -> None:
-        from torch import nn
-
         self.gm = gm
-        self.nn = nn
         self.uses: dict[str, int] = {}
         for node in gm.graph.nodes:
             if node.op == "call_module":
@@ -94,7 +91,7 @@ class _Graph:
 
         if node.op == "call_module":
             m = self.gm.get_submodule(node.target)
-            return "relu6" if isinstance(m, self.nn.ReLU6) else "relu" if isinstance(m, self.nn.ReLU) else None
+            return "relu6" if isinstance(m, nn.ReLU6) else "relu" if isinstance(m, nn.ReLU) else None
         if node.op == "call_function" and node.target in (F.relu, torch.relu):
             return "relu"
         if node.op == "call_function" and node.target is F.relu6:
@@ -102,25 +99,25 @@ class _Graph:
         return None
 
     def depthwise(self, node: Any) -> Any:
-        conv = self.module(node, self.nn.Conv2d)
+        conv = self.module(node, nn.Conv2d)
         if conv is not None and conv.groups == conv.in_channels == conv.out_channels:
             return conv
         return None
 
     def dense_conv(self, node: Any) -> Any:
-        conv = self.module(node, self.nn.Conv2d)
+        conv = self.module(node, nn.Conv2d)
         return conv if conv is not None and conv.groups == 1 else None
 
     def producer(self, node: Any) -> tuple[Any, Any] | None:
         """(conv, bn or None) when ``node`` is BN(conv(x)) or conv(x) with a bias, each used by the next only."""
-        bn = self.module(node, self.nn.BatchNorm2d)
+        bn = self.module(node, nn.BatchNorm2d)
         if bn is not None and bn.affine:
             src = node.args[0]
-            conv = self.module(src, self.nn.Conv2d)
+            conv = self.module(src, nn.Conv2d)
             if conv is not None and len(src.users) == 1:
                 return conv, bn
             return None
-        conv = self.module(node, self.nn.Conv2d)
+        conv = self.module(node, nn.Conv2d)
         if conv is not None and conv.bias is not None:
             return conv, None
         return None
@@ -254,7 +251,7 @@ def equalize(module: Any, calib: np.ndarray, alpha: float = ALPHA, batch: int = 
     import torch.fx as fx
 
     start = time.perf_counter()
-    if not any(isinstance(m, torch.nn.Conv2d) for m in module.modules()):
+    if not any(isinstance(m, nn.Conv2d) for m in module.modules()):
         return None, {"applied": False, "why": "no Conv2d modules to rewrite (an ExportedProgram or TorchScript file keeps only its graph)"}
     try:
         model = copy.deepcopy(module).eval()

@@ -39,6 +39,7 @@ from runtime.bundle import (
     sha256_file,
 )
 from runtime.errors import BadInput
+from runtime.preprocess import log_softmax
 
 log = logging.getLogger(__name__)
 BACKEND = {Format.TFLITE: BackendName.LITERT, Format.ONNX: BackendName.ORT}
@@ -260,13 +261,10 @@ def build_quantized(source: Source, fmt: Format, quant: Quant, cal_x: np.ndarray
         from converters.vision.equalize import CONFIGS
         from converters.vision.equalize import equalize as equalize_channels
 
-        summary = {"applied": False}
-        for tag, alpha, streams in CONFIGS:
-            rewritten, done = equalize_channels(export_module, cal_x, alpha=alpha, smooth_streams=streams)
-            if rewritten is None:
-                summary["why"] = done["why"]
-                break
-            candidates.append((tag, rewritten, done))
+        for tag, alpha, streams in CONFIGS:  # a model may have streams and no depthwise input, or the reverse
+            rewritten, summary = equalize_channels(export_module, cal_x, alpha=alpha, smooth_streams=streams)
+            if rewritten is not None:
+                candidates.append((tag, rewritten, summary))
     built = []
     for i, (tag, module, done) in enumerate(candidates):
         prepared, rounded_summary = module, choice.rounding
@@ -285,7 +283,9 @@ def build_quantized(source: Source, fmt: Format, quant: Quant, cal_x: np.ndarray
         # already even (EfficientNet-Lite0), and how far to move range into the weights differs by model: every
         # candidate is quantized, and the one closest to float on the calibration set replaces the model as is
         # if it cuts the KL by the margin (the evaluation set stays for the gate alone).
-        kl = {b[0]: _calibration_kl(float_path, b[2], ext, cal_x) for b in built}
+        with gate.open_model(float_path, ext) as model:
+            ref = gate.outputs(model, cal_x)
+        kl = {b[0]: _calibration_kl(ref, b[2], ext, cal_x) for b in built}
         best = min(built[1:], key=lambda b: kl[b[0]])
         if not kl[best[0]] < EQUALIZE_MARGIN * kl["as is"]:
             best = built[0]
@@ -305,19 +305,14 @@ def _quantize(route: Any, fmt: Format, src: Path, quant: Quant, cal_x: np.ndarra
         route.quantize(src, quant, cal_x, out, work)
 
 
-def _calibration_kl(float_path: Path, quant_path: Path, ext: str, x: np.ndarray) -> float:
-    """Mean KL divergence of the quantized model's softmax from the float model's over ``x`` (squared error for a
-    single-output model, whose output is a score, not logits)."""
-    with gate.open_model(float_path, ext) as model:
-        ref = gate.outputs(model, x).astype(np.float64)
+def _calibration_kl(ref: np.ndarray, quant_path: Path, ext: str, x: np.ndarray) -> float:
+    """Mean KL divergence of the quantized model's softmax over ``x`` from the float model's (``ref``: its outputs);
+    squared error for a single-output model, whose output is a score, not logits."""
     with gate.open_model(quant_path, ext) as model:
-        test = gate.outputs(model, x).astype(np.float64)
+        test = gate.outputs(model, x)
     if ref.shape[1] == 1:
-        return float(np.mean((ref - test) ** 2))
-    log_p = ref - ref.max(1, keepdims=True)
-    log_p -= np.log(np.exp(log_p).sum(1, keepdims=True))
-    log_q = test - test.max(1, keepdims=True)
-    log_q -= np.log(np.exp(log_q).sum(1, keepdims=True))
+        return float(np.mean((ref.astype(np.float64) - test) ** 2))
+    log_p, log_q = log_softmax(ref), log_softmax(test)
     return float((np.exp(log_p) * (log_p - log_q)).sum(1).mean())
 
 
