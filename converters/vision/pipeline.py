@@ -176,7 +176,7 @@ def _convert(opts: Options, source: Source, labels: list[str] | None, work: Path
         raise BadInput(f"accuracy gate failed: top-1 agreement {report.top1_agreement:.2%} with the float model is below "
                        f"--min-agreement {opts.min_agreement:.2%} on {report.samples} samples (cosine min {report.cosine_min:.4f}; "
                        f"the float model agrees {floor:.2%} with itself under +-1 grey level of noise on this set{_stable(data)}); "
-                       f"nothing was written. Try more or more representative --calib data, or --quant fp16")
+                       f"nothing was written. Try {_remedies(opts, choice, source)}")
     files = [("weights", model_path)]
     title = f"{opts.name or source.name} {choice.quant.value} {ext}"
     io, arena = write_extras(bundle, files, labels, data, (report, ref, test), title, model_path, float_path)
@@ -185,6 +185,16 @@ def _convert(opts: Options, source: Source, labels: list[str] | None, work: Path
                              files, source, {"model": opts.model, "calibration": str(opts.calib)}, data, vision=spec)
     package(bundle, manifest, opts.out)
     return Result(manifest, opts.out, data)
+
+
+def _remedies(opts: Options, choice: Choice, source: Source) -> str:
+    """What a user can try after a failed gate, only the options that apply to this conversion."""
+    tries = ["more or more representative --calib data"]
+    if choice.quant is Quant.INT8 and source.module is not None and not opts.equalize:
+        tries.append("--equalize on (evens out activation ranges across channels before INT8)")
+    if choice.quant is not Quant.FP16:
+        tries.append("--quant fp16")
+    return ", ".join(tries[:-1]) + f", or {tries[-1]}" if len(tries) > 1 else tries[0]
 
 
 def write_extras(bundle: Path, files: list[tuple[str, Path]], labels: list[str] | None, data: dict[str, Any],

@@ -1,8 +1,9 @@
-"""The gate's agreement over samples whose float decision survives invisible noise."""
+"""The accuracy gate: agreement over samples whose float decision survives invisible noise, and what a failed gate suggests."""
 
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from converters.vision.gate import agreement_where_stable
 
@@ -26,3 +27,23 @@ def test_a_detector_score_is_judged_by_its_decision() -> None:
     # one output column: the decision is score >= 0.5
     ref, noisy, test = np.array([[0.9], [0.51], [0.2]]), np.array([[0.88], [0.49], [0.21]]), np.array([[0.7], [0.8], [0.6]])
     assert agreement_where_stable(ref, noisy, test) == (0.5, 2)
+
+
+@pytest.mark.parametrize("source, quant, equalize, expected", [
+    ("torch", "int8", False, "more or more representative --calib data, --equalize on (evens out activation ranges across "
+                            "channels before INT8), or --quant fp16"),
+    ("torch", "int8", True, "more or more representative --calib data, or --quant fp16"),  # already on
+    ("onnx", "int8", False, "more or more representative --calib data, or --quant fp16"),  # needs a PyTorch module
+    ("torch", "int4w", False, "more or more representative --calib data, or --quant fp16"),  # not an INT8 recipe
+    ("torch", "fp16", False, "more or more representative --calib data"),
+])
+def test_failed_gate_names_only_the_remedies_that_apply(source: str, quant: str, equalize: bool, expected: str) -> None:
+    from pathlib import Path
+
+    from converters.vision.pipeline import Options, _remedies
+    from converters.vision.recipes import Choice, Quant
+    from converters.vision.source import Source, SourceKind
+
+    src = Source(SourceKind.TORCH, "m", module=object()) if source == "torch" else Source(SourceKind.ONNX, "m", onnx_path=Path("m.onnx"))
+    opts = Options(model="m", calib=Path("c"), out=Path("o"), quant=Quant(quant), equalize=equalize)
+    assert _remedies(opts, Choice(Quant(quant), "test"), src) == expected
