@@ -160,7 +160,6 @@ class Q(nn.Module):
     def __init__(self, folded):
         super().__init__()
         self.net = folded
-        self.acts = True
         for m in folded.modules():
             if isinstance(m, nn.Conv2d):
                 m.forward = (lambda m: lambda x: F.conv2d(x, wq(m.weight), m.bias, m.stride, m.padding, m.dilation, m.groups))(m)
@@ -185,14 +184,12 @@ class Q(nn.Module):
             r = self.ranges[i]
             self.ranges[i] = (lo, hi) if r is None else (torch.minimum(r[0], lo), torch.maximum(r[1], hi))
             return None
-        if self.acts:
-            return fq(out, *self.ranges[i])
-        return None
+        return fq(out, *self.ranges[i])
 
     def forward(self, x):
         if self.collect:
             self._hook(0, x)
-        elif self.acts:
+        else:
             x = fq(x, *self.ranges[0])
         return self.net(x)
 
@@ -299,10 +296,9 @@ for regime in REGIMES:
     a0 = agreement(student)
     p(regime, "start agreement", a0)
     rec = {"start": a0, "trace": []}
-    params = [q for q in student.parameters()]
-    opt = torch.optim.Adam(params, lr=LR)
+    opt = torch.optim.Adam(student.parameters(), lr=LR)
     gen = torch.Generator().manual_seed(1234)
-    t0 = time.time(); step = 0; last_cal = 0
+    t0, step = time.time(), 0
     while True:
         el = time.time() - t0
         if el > BUDGET:
