@@ -245,13 +245,19 @@ def _raise_to_common(zmax: Any, kind: str) -> Any:
     return s
 
 
+def applicable(module: Any) -> bool:
+    """Whether ``module`` has Conv2d modules to rewrite (an ExportedProgram's or TorchScript file's module keeps only
+    its graph, and a model without convolutions has nothing to equalize)."""
+    return any(isinstance(m, nn.Conv2d) for m in module.modules())
+
+
 def equalize(module: Any, calib: np.ndarray, alpha: float = ALPHA, batch: int = 32, smooth_streams: bool = True) -> tuple[Any, dict[str, Any]]:
     """A rewritten copy of ``module`` (which takes ``calib`` as it is) and a summary for the report; (None, summary
     with ``why``) when nothing applies or the rewrite would change the float model's outputs."""
     import torch.fx as fx
 
     start = time.perf_counter()
-    if not any(isinstance(m, nn.Conv2d) for m in module.modules()):
+    if not applicable(module):
         return None, {"applied": False, "why": "no Conv2d modules to rewrite (an ExportedProgram or TorchScript file keeps only its graph)"}
     try:
         model = copy.deepcopy(module).eval()

@@ -191,7 +191,10 @@ def _remedies(opts: Options, choice: Choice, source: Source) -> str:
     """What a user can try after a failed gate, only the options that apply to this conversion."""
     tries = ["more or more representative --calib data"]
     if choice.quant is Quant.INT8 and source.module is not None and not opts.equalize:
-        tries.append("--equalize on (evens out activation ranges across channels before INT8)")
+        from converters.vision.equalize import applicable
+
+        if applicable(source.module):
+            tries.append("--equalize on (evens out activation ranges across channels before INT8)")
     if choice.quant is not Quant.FP16:
         tries.append("--quant fp16")
     return ", ".join(tries[:-1]) + f", or {tries[-1]}" if len(tries) > 1 else tries[0]

@@ -30,20 +30,27 @@ def test_a_detector_score_is_judged_by_its_decision() -> None:
 
 
 @pytest.mark.parametrize("source, quant, equalize, expected", [
-    ("torch", "int8", False, "more or more representative --calib data, --equalize on (evens out activation ranges across "
-                            "channels before INT8), or --quant fp16"),
-    ("torch", "int8", True, "more or more representative --calib data, or --quant fp16"),  # already on
+    ("conv", "int8", False, "more or more representative --calib data, --equalize on (evens out activation ranges across "
+                           "channels before INT8), or --quant fp16"),
+    ("conv", "int8", True, "more or more representative --calib data, or --quant fp16"),  # already on
+    ("mlp", "int8", False, "more or more representative --calib data, or --quant fp16"),  # no convolution to equalize
     ("onnx", "int8", False, "more or more representative --calib data, or --quant fp16"),  # needs a PyTorch module
-    ("torch", "int4w", False, "more or more representative --calib data, or --quant fp16"),  # not an INT8 recipe
-    ("torch", "fp16", False, "more or more representative --calib data"),
+    ("conv", "int4w", False, "more or more representative --calib data, or --quant fp16"),  # not an INT8 recipe
+    ("conv", "fp16", False, "more or more representative --calib data"),
 ])
 def test_failed_gate_names_only_the_remedies_that_apply(source: str, quant: str, equalize: bool, expected: str) -> None:
     from pathlib import Path
+
+    from torch import nn
 
     from converters.vision.pipeline import Options, _remedies
     from converters.vision.recipes import Choice, Quant
     from converters.vision.source import Source, SourceKind
 
-    src = Source(SourceKind.TORCH, "m", module=object()) if source == "torch" else Source(SourceKind.ONNX, "m", onnx_path=Path("m.onnx"))
+    if source == "onnx":
+        src = Source(SourceKind.ONNX, "m", onnx_path=Path("m.onnx"))
+    else:
+        body = nn.Conv2d(3, 4, 3) if source == "conv" else nn.Linear(3, 4)
+        src = Source(SourceKind.TORCH, "m", module=nn.Sequential(body, nn.ReLU()))
     opts = Options(model="m", calib=Path("c"), out=Path("o"), quant=Quant(quant), equalize=equalize)
     assert _remedies(opts, Choice(Quant(quant), "test"), src) == expected
