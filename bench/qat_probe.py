@@ -36,19 +36,16 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from torch import nn  # noqa: E402
 
-from converters.vision import photos  # noqa: E402
+from converters.vision import photos, zoo  # noqa: E402
 from converters.vision.mobilenet_v2 import ConvBN, InvertedResidual, MobileNetV2  # noqa: E402
 from runtime.bundle import Layout, VisionSpec  # noqa: E402
 from runtime.preprocess import image_tensor  # noqa: E402
 
-MEAN_PX = (0.485 * 255, 0.456 * 255, 0.406 * 255)
-STD_PX = (0.229 * 255, 0.224 * 255, 0.225 * 255)
+MEAN_PX, STD_PX = zoo.IMAGENET_MEAN, zoo.IMAGENET_STD
 
 
 def build(weights=None):
     if weights is None:
-        from converters.vision import zoo
-
         return zoo.find("mobilenet-v2").build()
     m = MobileNetV2()
     m.load_state_dict(torch.load(weights, map_location="cpu", weights_only=True))
@@ -74,8 +71,9 @@ def fold(model):
 
 
 def eval_images():
+    """The 8 photos, and the calibration and evaluation sets of bench/vision.py made from them."""
     base = [q.rgb for q in photos.photos()]
-    return base, photos.variants(base, 128, seed=1), base + photos.variants(base, 192, seed=2)  # as bench/vision.py
+    return (base, *photos.benchmark_sets(base))
 
 
 def verify(paths):
@@ -172,7 +170,6 @@ class Q(nn.Module):
             if isinstance(m, InvertedResidual):
                 pts += [m.conv[-1], m]  # projection output (its BN is now Identity), then the block output (add)
         pts.append(folded.classifier)
-        self.pts = pts
         self.ranges = [None] * (len(pts) + 1)  # [0] is the input
         self.collect = False
         for i, m in enumerate(pts):
@@ -283,11 +280,11 @@ def agreement(student):
     return a.mean().item(), [round(a[i::8].mean().item(), 3) for i in range(8)]
 
 
-dis_imgs, dis_names = disjoint_images()
-log["disjoint_sources"] = dis_names
-p("disjoint sources", len(dis_imgs), dis_names)
 keep = [int(i) for i in A["photos"].split(",")] if "photos" in A else list(range(8))
-sources = {"indomain": to_gpu([base[i] for i in keep]), "disjoint": to_gpu(dis_imgs)}
+sources = {"indomain": to_gpu([base[i] for i in keep])}
+if "disjoint" in REGIMES:
+    dis_imgs, log["disjoint_sources"] = disjoint_images()
+    sources["disjoint"] = to_gpu(dis_imgs)
 TAG = A.get("tag", A.get("lr", "2e-5"))
 
 for regime in REGIMES:

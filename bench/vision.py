@@ -74,7 +74,7 @@ def main() -> int:
     args = ap.parse_args()
     ph = photos.photos()
     base = [p.rgb for p in ph]
-    cal_imgs, ev_imgs = photos.variants(base, 128, seed=1), base + photos.variants(base, 192, seed=2)
+    cal_imgs, ev_imgs = photos.benchmark_sets(base)
     # The same evaluation images with +-1 grey level of noise: how often the float model disagrees with itself
     # over a change no one can see (the floor under any top-1 agreement on this set).
     rng = np.random.default_rng(3)

@@ -75,6 +75,12 @@ def variants(base: list[np.ndarray], n: int, seed: int = 0) -> list[np.ndarray]:
     return out
 
 
+def benchmark_sets(base: list[np.ndarray]) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """The calibration set (128 variants) and evaluation set (``base`` itself plus 192 other variants) that
+    bench/vision.py reports agreement on, for every measurement compared with its table."""
+    return variants(base, 128, seed=1), base + variants(base, 192, seed=2)
+
+
 def write_folder(images: list[np.ndarray], folder: Path, names: list[str] | None = None) -> list[Path]:
     """Save images as PNG files (for CLI --calib/--eval folders); returns the paths."""
     from PIL import Image
