@@ -20,12 +20,14 @@ from __future__ import annotations
 import enum
 import hashlib
 import json
+import math
 import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
 from runtime.errors import BadInput
+from runtime.sampling import INT32_MAX, SamplingParams
 
 FORMAT = "edgerun.bundle"
 SCHEMA_VERSION = 1
@@ -56,7 +58,7 @@ def _enum(cls: type[enum.Enum], value: Any, what: str) -> Any:
         return cls(value)
     except ValueError:
         valid = ", ".join(m.value for m in cls)  # type: ignore[attr-defined]
-        raise BadInput(f"manifest: {what} {value!r} is not valid (valid: {valid})") from None
+        raise BadInput(f"manifest: {what} {value!r:.80} is not valid (valid: {valid})") from None
 
 
 def _require(data: dict[str, Any], key: str, typ: type | tuple[type, ...], where: str = "manifest") -> Any:
@@ -69,10 +71,28 @@ def _require(data: dict[str, Any], key: str, typ: type | tuple[type, ...], where
     return value
 
 
-def _count(data: dict[str, Any], key: str, where: str) -> int:
+INT64_MAX = 2**63 - 1  # the largest byte count any file or allocation here can have
+
+
+def _count(data: dict[str, Any], key: str, where: str, most: int = INT64_MAX) -> int:
     value = data.get(key, 0)
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise BadInput(f"{where}: {key} {value!r} must be an integer >= 0")
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= most:
+        raise BadInput(f"{where}: {key} {value!r:.80} must be an integer in [0, {most}]")
+    return value
+
+
+def _text(data: dict[str, Any], key: str, default: str, where: str) -> str:
+    """An optional string field: absent gives ``default``; another type is refused, not str()-ed."""
+    value = data.get(key, default)
+    if not isinstance(value, str):
+        raise BadInput(f"{where}: field {key!r} must be str, got {type(value).__name__} {value!r:.80}")
+    return value
+
+
+def _flag(data: dict[str, Any], key: str, default: bool, where: str) -> bool:
+    value = data.get(key, default)
+    if not isinstance(value, bool):  # bool("false") is True: a string is refused, not coerced
+        raise BadInput(f"{where}: field {key!r} must be true or false, got {type(value).__name__} {value!r:.80}")
     return value
 
 
@@ -120,27 +140,29 @@ class LLMSpec:
     context_length: int  # tokens the model was trained for
     chat_template: str | None = None
     quantization: str = ""
-    sampling: dict[str, float | int] = field(default_factory=dict)  # default sampling settings
+    sampling: dict[str, Any] = field(default_factory=dict)  # default sampling settings, as SamplingParams names them
+
+    def __post_init__(self) -> None:
+        # Typed and bounded here, whoever builds the spec: a bad default never reaches llama.cpp.
+        SamplingParams.check_defaults(self.sampling, "manifest llm.sampling")
 
     @classmethod
     def from_dict(cls, data: Any) -> LLMSpec:
+        where = "manifest llm"
         if not isinstance(data, dict):
             raise BadInput("manifest: field 'llm' must be an object")
-        ctx = _require(data, "context_length", int, "manifest llm")
-        if ctx <= 0:
-            raise BadInput(f"manifest llm: context_length {ctx} must be positive")
+        ctx = _require(data, "context_length", int, where)
+        if not 0 < ctx <= INT32_MAX:  # llama.cpp's context fields are 32-bit
+            raise BadInput(f"{where}: context_length {ctx!r:.80} must be in [1, {INT32_MAX}] tokens")
         template = data.get("chat_template")
         if template is not None and not isinstance(template, str):
-            raise BadInput("manifest llm: chat_template must be a string or null")
-        sampling = data.get("sampling", {})
-        if not isinstance(sampling, dict):
-            raise BadInput("manifest llm: sampling must be an object")
+            raise BadInput(f"{where}: chat_template must be a string or null")
         return cls(
-            architecture=_require(data, "architecture", str, "manifest llm"),
+            architecture=_require(data, "architecture", str, where),
             context_length=ctx,
             chat_template=template,
-            quantization=str(data.get("quantization", "")),
-            sampling=sampling,
+            quantization=_text(data, "quantization", "", where),
+            sampling=data.get("sampling", {}),
         )
 
 
@@ -160,16 +182,25 @@ class ResizeMode(str, enum.Enum):
 
 
 TENSOR_DTYPES = ("float32", "int8", "uint8")
+ZERO_POINTS = {"float32": (0, 0), "int8": (-128, 127), "uint8": (0, 255)}  # what each dtype can hold
+
+
+def _finite(value: Any) -> bool:
+    """A number that is a finite float: not a bool, not NaN or +-inf, not an integer past the float range."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
 
 
 def _floats(data: dict[str, Any], key: str, default: tuple[float, ...], where: str) -> tuple[float, ...]:
     value = data.get(key, list(default))
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         value = [value]
-    if not isinstance(value, list) or not value or len(value) not in (1, 3) or not all(
-        isinstance(v, (int, float)) and not isinstance(v, bool) for v in value
-    ):
-        raise BadInput(f"{where}: {key} must be 1 or 3 numbers, got {value!r}"[:300])
+    if not isinstance(value, list) or len(value) not in (1, 3) or not all(_finite(v) for v in value):
+        raise BadInput(f"{where}: {key} must be 1 or 3 numbers, all finite, got {value!r:.80}")
     return tuple(float(v) for v in value)
 
 
@@ -190,10 +221,11 @@ class TensorQuant:
             raise BadInput(f"{where}: dtype {dtype!r} is not valid (valid: {', '.join(TENSOR_DTYPES)})")
         scale = data.get("scale", 0.0)
         zp = data.get("zero_point", 0)
-        if not isinstance(scale, (int, float)) or isinstance(scale, bool) or scale < 0:
-            raise BadInput(f"{where}: scale {scale!r} must be a number >= 0")
-        if not isinstance(zp, int) or isinstance(zp, bool):
-            raise BadInput(f"{where}: zero_point {zp!r} must be an integer")
+        if not _finite(scale) or scale < 0:
+            raise BadInput(f"{where}: scale {scale!r:.80} must be a finite number >= 0")
+        low, high = ZERO_POINTS[dtype]
+        if not isinstance(zp, int) or isinstance(zp, bool) or not low <= zp <= high:
+            raise BadInput(f"{where}: zero_point {zp!r:.80} must be an integer in [{low}, {high}] for {dtype}")
         if dtype != "float32" and scale == 0:
             raise BadInput(f"{where}: an {dtype} tensor needs a positive scale")
         return cls(dtype, float(scale), zp)
@@ -233,10 +265,10 @@ class VisionSpec:
         if any(s <= 0 for s in std):
             raise BadInput(f"{where}: std {list(std)} must be positive")
         crop = data.get("crop_fraction", 0.875)
-        if not isinstance(crop, (int, float)) or isinstance(crop, bool) or not 0.1 <= crop <= 1.0:
-            raise BadInput(f"{where}: crop_fraction {crop!r} must be in 0.1..1.0")
+        if not _finite(crop) or not 0.1 <= crop <= 1.0:
+            raise BadInput(f"{where}: crop_fraction {crop!r:.80} must be in 0.1..1.0")
         labels = data.get("labels")
-        if labels is not None and (not isinstance(labels, str) or not FILE_RE.match(labels)):
+        if labels is not None and (not isinstance(labels, str) or not FILE_RE.fullmatch(labels)):
             raise BadInput(f"{where}: labels {labels!r} must be a bundle file name or null")
         arena = _count(data, "arena_bytes", where)
         return cls(
@@ -249,9 +281,9 @@ class VisionSpec:
             std=std,
             input=TensorQuant.from_dict(data.get("input", {}), f"{where} input"),
             output=TensorQuant.from_dict(data.get("output", {}), f"{where} output"),
-            output_is_logits=bool(data.get("output_is_logits", True)),
+            output_is_logits=_flag(data, "output_is_logits", True, where),
             labels=labels,
-            quantization=str(data.get("quantization", "")),
+            quantization=_text(data, "quantization", "", where),
             arena_bytes=arena,
         )
 
@@ -296,15 +328,18 @@ class AudioSpec:
         if not 1000 <= rate <= 384_000:
             raise BadInput(f"{where}: sample_rate {rate} must be 1000..384000 Hz")
         shape = _require(data, "input_shape", list, where)
-        if not shape or not all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in shape):
-            raise BadInput(f"{where}: input_shape {shape} must be a list of positive integers")
+        if not 0 < len(shape) <= 8 or not all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in shape) \
+                or math.prod(shape) > INT32_MAX:  # the backends' dimensions and element counts are 32-bit
+            raise BadInput(f"{where}: input_shape {shape!r:.80} must be 1 to 8 positive integers, "
+                           f"at most {INT32_MAX} elements in all")
         files = _require(data, "frontend_files", list, where) if "frontend_files" in data else []
-        for name in [*files, data.get("labels") or "labels"]:
-            if not isinstance(name, str) or not FILE_RE.match(name):
+        labels = data.get("labels")
+        for name in [*files, "labels" if labels is None else labels]:
+            if not isinstance(name, str) or not FILE_RE.fullmatch(name):
                 raise BadInput(f"{where}: file name {name!r} is not a flat bundle file name")
         threshold = data.get("threshold", 0.5)
-        if not isinstance(threshold, (int, float)) or isinstance(threshold, bool) or not 0.0 < threshold < 1.0:
-            raise BadInput(f"{where}: threshold {threshold!r} must be between 0 and 1")
+        if not _finite(threshold) or not 0.0 < threshold < 1.0:
+            raise BadInput(f"{where}: threshold {threshold!r:.80} must be between 0 and 1")
         arena = _count(data, "arena_bytes", where)
         return cls(
             sample_rate=rate,
@@ -313,10 +348,10 @@ class AudioSpec:
             frontend_files=tuple(files),
             input=TensorQuant.from_dict(data.get("input", {}), f"{where} input"),
             output=TensorQuant.from_dict(data.get("output", {}), f"{where} output"),
-            output_is_logits=bool(data.get("output_is_logits", False)),
+            output_is_logits=_flag(data, "output_is_logits", False, where),
             threshold=float(threshold),
-            labels=data.get("labels"),
-            quantization=str(data.get("quantization", "")),
+            labels=labels,
+            quantization=_text(data, "quantization", "", where),
             arena_bytes=arena,
             frontend_arena_bytes=_count(data, "frontend_arena_bytes", where),
         )
@@ -325,6 +360,77 @@ class AudioSpec:
         data = asdict(self)
         data.update(input_shape=list(self.input_shape), frontend_files=list(self.frontend_files))
         return data
+
+
+class ModelFormat(str, enum.Enum):
+    """The model file formats the backends load."""
+
+    GGUF = "gguf"
+    TFLITE = "tflite"
+    ONNX = "onnx"
+
+
+BACKEND_FORMAT = {BackendName.LLAMACPP: ModelFormat.GGUF, BackendName.LITERT: ModelFormat.TFLITE,
+                  BackendName.ORT: ModelFormat.ONNX}  # the one format each real backend loads
+
+MAX_JSON_DEPTH = 32  # objects and arrays inside each other; an honest manifest nests 4 deep
+MAX_INT_DIGITS = 20  # 2^64 - 1 has 20 digits; no manifest integer is larger
+
+
+def _json_int(text: str) -> int:
+    digits = len(text.lstrip("-"))
+    if digits > MAX_INT_DIGITS:  # int() itself refuses 4,300 digits with a ValueError, and is slow before that
+        raise BadInput(f"an integer of {digits} digits is out of range (at most {MAX_INT_DIGITS} digits)")
+    return int(text)
+
+
+def _json_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):  # 1e400 parses to inf
+        raise BadInput(f"the number {text:.40} is out of the float range")
+    return value
+
+
+def _json_constant(name: str) -> float:
+    raise BadInput(f"{name} is not a number a manifest may hold (use a finite number)")
+
+
+def _depth(data: Any) -> int:
+    """How deeply objects and arrays nest in ``data`` (walked without recursion; stops past the limit)."""
+    deepest, stack = 0, [(data, 1)]
+    while stack and deepest <= MAX_JSON_DEPTH:
+        value, depth = stack.pop()
+        if isinstance(value, (dict, list)):
+            deepest = max(deepest, depth)
+            stack.extend((v, depth + 1) for v in (value.values() if isinstance(value, dict) else value))
+    return deepest
+
+
+def parse_json(raw: bytes, where: str) -> Any:
+    """Manifest JSON: UTF-8, finite numbers only, integers of at most 20 digits, at most 32 levels deep.
+
+    Every refusal is one BadInput line; nothing past these bounds reaches the fields' own checks,
+    and no later walk over the data (to_json, asdict) can run out of stack.
+    """
+    too_deep = BadInput(f"{where}: manifest.json nests objects or arrays more than {MAX_JSON_DEPTH} levels deep")
+    try:
+        data = json.loads(raw.decode("utf-8"), parse_int=_json_int, parse_float=_json_float, parse_constant=_json_constant)
+    except RecursionError:  # deeper than the interpreter's stack
+        raise too_deep from None
+    except BadInput as exc:
+        raise BadInput(f"{where}: manifest.json: {exc}") from None
+    except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise BadInput(f"{where}: manifest.json is not valid JSON ({exc})") from None
+    if _depth(data) > MAX_JSON_DEPTH:  # shallow enough to parse, deep enough to break a later recursive walk
+        raise too_deep
+    return data
+
+
+def _object(data: dict[str, Any], key: str, where: str = "manifest") -> dict[str, Any]:
+    value = data.get(key, {})
+    if not isinstance(value, dict):
+        raise BadInput(f"{where}: field {key!r} must be an object, got {type(value).__name__} {value!r:.80}")
+    return value
 
 
 @dataclass(frozen=True)
@@ -376,7 +482,8 @@ class Manifest:
         return data
 
     def to_json(self) -> bytes:
-        return (json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n").encode()
+        """The manifest as parse_json reads it: a NaN or infinity (which no reader accepts) is a ValueError here."""
+        return (json.dumps(self.to_dict(), indent=2, sort_keys=True, allow_nan=False) + "\n").encode()
 
     @classmethod
     def from_dict(cls, data: Any) -> Manifest:
@@ -411,19 +518,25 @@ class Manifest:
             missing = [f for f in (*audio.frontend_files, *([audio.labels] if audio.labels else [])) if f not in seen]
             if missing:
                 raise BadInput(f"manifest audio: files {missing} are not among the bundle files {seen}")
+        backend = _enum(BackendName, _require(data, "backend", str), "backend")
+        model_format = _enum(ModelFormat, _require(data, "model_format", str), "model_format")
+        expected = BACKEND_FORMAT.get(backend)
+        if expected is not None and model_format is not expected:
+            raise BadInput(f"manifest: backend {backend.value!r} loads {expected.value} models, "
+                           f"not model_format {model_format.value!r}")
         return cls(
             kind=kind,
-            backend=_enum(BackendName, _require(data, "backend", str), "backend"),
-            model_format=_require(data, "model_format", str),
+            backend=backend,
+            model_format=model_format.value,
             name=check_name(_require(data, "name", str)),
             version=check_version(_require(data, "version", str)),
             files=files,
-            license=str(data.get("license", "unknown")),
+            license=_text(data, "license", "unknown", "manifest"),
             llm=llm,
             vision=vision,
             audio=audio,
-            source=data.get("source", {}) if isinstance(data.get("source", {}), dict) else {},
-            reports=data.get("reports", {}) if isinstance(data.get("reports", {}), dict) else {},
+            source=_object(data, "source"),
+            reports=_object(data, "reports"),
             schema_version=schema,
         )
 
@@ -431,10 +544,7 @@ class Manifest:
     def from_bytes(cls, raw: bytes, where: str) -> Manifest:
         if len(raw) > MAX_MANIFEST_BYTES:
             raise BadInput(f"{where}: manifest is {len(raw)} bytes (at most {MAX_MANIFEST_BYTES})")
-        try:
-            data = json.loads(raw.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise BadInput(f"{where}: manifest.json is not valid JSON ({exc})") from None
+        data = parse_json(raw, where)
         try:
             return cls.from_dict(data)
         except BadInput as exc:

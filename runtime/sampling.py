@@ -1,16 +1,89 @@
-"""Sampling settings: one typed place, validated at the edge."""
+"""Sampling settings: one typed place, validated at the edge.
+
+Every value is checked for its type and its range where it enters: a CLI flag
+(errors name the ``--flag``) or a manifest's ``llm.sampling`` defaults (errors
+name the JSON path, e.g. ``manifest llm.sampling.top_k``). Numbers are bounded to
+what llama.cpp takes: 32-bit integers, a 32-bit unsigned seed, finite C floats.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from runtime.errors import BadInput
 
+INT32_MAX = 2**31 - 1  # llama.cpp's top_k and token counts are int32_t
+SEED_MAX = 2**32 - 2  # llama.cpp's seed is a uint32_t; 2^32 - 1 (LLAMA_DEFAULT_SEED) means "random" to it
+FLOAT_MAX = 3.4028234663852886e38  # llama.cpp's sampling settings are C floats; larger values become inf
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)  # JSON true is not the integer 1
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _is_strings(value: Any) -> bool:
+    return isinstance(value, (list, tuple)) and all(isinstance(s, str) for s in value)
+
+
+@dataclass(frozen=True)
+class _Rule:
+    typed: Callable[[Any], bool]  # the type check, run first: a range check never sees a wrong type
+    in_range: Callable[[Any], bool]  # comparisons are False for NaN, so NaN never passes
+    valid: str  # what is valid, for the error
+
+
+RULES: dict[str, _Rule] = {
+    "max_tokens": _Rule(_is_int, lambda v: 1 <= v <= INT32_MAX, f"an integer in [1, {INT32_MAX}]"),
+    "temperature": _Rule(_is_number, lambda v: 0 <= v <= FLOAT_MAX, "a finite number >= 0 (0 is greedy)"),
+    "top_k": _Rule(_is_int, lambda v: 0 <= v <= INT32_MAX, f"an integer in [0, {INT32_MAX}] (0 disables)"),
+    "top_p": _Rule(_is_number, lambda v: 0 < v <= 1, "a number in (0, 1]"),
+    "min_p": _Rule(_is_number, lambda v: 0 <= v < 1, "a number in [0, 1)"),
+    "repeat_penalty": _Rule(_is_number, lambda v: 0 < v <= FLOAT_MAX, "a finite number > 0 (1 disables)"),
+    "seed": _Rule(lambda v: v is None or _is_int(v), lambda v: v is None or 0 <= v <= SEED_MAX,
+                  "an integer in [0, 2^32 - 2]"),
+    "stop": _Rule(_is_strings, lambda v: all(v), "a list of non-empty strings"),
+}
+FLOATS = ("temperature", "top_p", "min_p", "repeat_penalty")
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def check(key: str, value: Any, label: str) -> Any:
+    """``value`` for setting ``key``, normalized (numbers as floats, ``stop`` as a tuple).
+
+    Raises BadInput naming ``label`` (a ``--flag`` or a manifest path) and what is valid.
+    """
+    rule = RULES[key]
+    if not rule.typed(value):
+        raise BadInput(f"{label} must be {rule.valid}, got {type(value).__name__} {_shown(value)}")
+    if not rule.in_range(value):
+        raise BadInput(f"{label} {_shown(value)} is not valid: use {rule.valid}")
+    if key in FLOATS:
+        return float(value)
+    return tuple(value) if key == "stop" else value
+
+
+def _flag(key: str) -> str:
+    return "--" + key.replace("_", "-")
+
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """How to pick each next token. ``temperature == 0`` is greedy (top-k/p ignored)."""
+    """How to pick each next token. ``temperature == 0`` is greedy (top-k/p ignored).
+
+    ``seed`` None (the default) means: draw a fresh seed for each request, so
+    unseeded sampled answers differ; the runtime reports the seed it drew so a
+    run can be reproduced with ``--seed``.
+    """
 
     max_tokens: int = 256
     temperature: float = 0.0
@@ -18,33 +91,32 @@ class SamplingParams:
     top_p: float = 0.95  # 1.0 disables
     min_p: float = 0.05  # 0.0 disables
     repeat_penalty: float = 1.0  # 1.0 disables; over the last 64 tokens
-    seed: int = 0
+    seed: int | None = None  # None: a fresh seed per request
     stop: tuple[str, ...] = field(default_factory=tuple)
 
     def __post_init__(self) -> None:
-        checks = [
-            (self.max_tokens >= 1, "--max-tokens", self.max_tokens, "an integer >= 1"),
-            (self.temperature >= 0, "--temperature", self.temperature, "a number >= 0 (0 is greedy)"),
-            (self.top_k >= 0, "--top-k", self.top_k, "an integer >= 0 (0 disables)"),
-            (0 < self.top_p <= 1, "--top-p", self.top_p, "a number in (0, 1]"),
-            (0 <= self.min_p < 1, "--min-p", self.min_p, "a number in [0, 1)"),
-            (self.repeat_penalty > 0, "--repeat-penalty", self.repeat_penalty, "a number > 0 (1 disables)"),
-            (0 <= self.seed < 2**32 - 1, "--seed", self.seed, "an integer in [0, 2^32 - 2]"),
-        ]
-        for ok, flag, value, valid in checks:
-            if not ok:
-                raise BadInput(f"{flag} {value!r} is not valid: use {valid}")
-        if any(not s for s in self.stop):
-            raise BadInput("--stop '' is not valid: a stop string must not be empty")
+        for f in fields(self):
+            object.__setattr__(self, f.name, check(f.name, getattr(self, f.name), _flag(f.name)))
 
     @classmethod
-    def from_defaults(cls, defaults: dict[str, Any], **overrides: Any) -> SamplingParams:
-        """Manifest defaults, then explicit overrides (None means 'not given')."""
-        names = {f.name for f in fields(cls)}
-        base = {k: v for k, v in defaults.items() if k in names}
-        base.update({k: v for k, v in overrides.items() if v is not None and k in names})
-        if "stop" in base:
-            base["stop"] = tuple(base["stop"])
+    def check_defaults(cls, defaults: Any, where: str) -> dict[str, Any]:
+        """A manifest's sampling defaults, checked key by key; errors name ``{where}.{key}``."""
+        if not isinstance(defaults, dict):
+            raise BadInput(f"{where} must be an object of settings ({', '.join(RULES)}), got {type(defaults).__name__}")
+        for key in defaults:
+            if key not in RULES:
+                raise BadInput(f"{where}: unknown setting {_shown(key)} (valid: {', '.join(RULES)})")
+        return {key: check(key, value, f"{where}.{key}") for key, value in defaults.items()}
+
+    @classmethod
+    def from_defaults(cls, defaults: dict[str, Any], *, where: str = "manifest llm.sampling",
+                      **overrides: Any) -> SamplingParams:
+        """Manifest defaults (checked, errors name ``where``), then explicit overrides (None means 'not given')."""
+        base = cls.check_defaults(defaults, where)
+        unknown = sorted(set(overrides) - RULES.keys())
+        if unknown:
+            raise TypeError(f"unknown sampling settings {unknown} (valid: {', '.join(RULES)})")
+        base.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**base)
 
     def with_(self, **changes: Any) -> SamplingParams:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from runtime.cli.common import print_json
+from runtime.cli.terminal import printable
 from runtime.gguf_file import read_gguf
 from runtime.resolve import resolve
 from runtime.units import fmt_bytes
@@ -28,27 +29,28 @@ def main(args: argparse.Namespace) -> int:
                             "metadata": info.summary()}
         print_json(data)
         return 0
-    print(f"{manifest.ref}  ({manifest.kind.value}, {manifest.backend.value}, {manifest.model_format})")
-    print(f"  license: {manifest.license}")
-    print(f"  location: {model.directory} ({model.origin})")
-    for f in manifest.files:
-        print(f"  file: {f.path}  {fmt_bytes(f.size)}  sha256 {f.sha256[:16]}...")
+    # Every line goes through printable(): the manifest, the GGUF metadata and the reports are the file's author's text.
+    out = [f"{manifest.ref}  ({manifest.kind.value}, {manifest.backend.value}, {manifest.model_format})",
+           f"  license: {manifest.license}"]
+    if manifest.source:
+        out.append("  source: " + ", ".join(f"{k}={v}" for k, v in manifest.source.items()))
+    out.append(f"  location: {model.directory} ({model.origin})")
+    out += [f"  file: {f.path}  {fmt_bytes(f.size)}  sha256 {f.sha256[:16]}..." for f in manifest.files]
     if manifest.llm:
         spec = manifest.llm
-        print(f"  architecture: {spec.architecture}, trained context {spec.context_length}, quantization {spec.quantization}")
-        print(f"  chat template: {'yes' if spec.chat_template else 'none (base model)'}")
+        out.append(f"  architecture: {spec.architecture}, trained context {spec.context_length}, quantization {spec.quantization}")
+        out.append(f"  chat template: {'yes' if spec.chat_template else 'none (base model)'}")
         if spec.sampling:
-            print("  default sampling: " + ", ".join(f"{k}={v}" for k, v in spec.sampling.items()))
+            out.append("  default sampling: " + ", ".join(f"{k}={v}" for k, v in spec.sampling.items()))
     if info is not None:
-        print(f"  GGUF v{info.version}: {len(info.tensors)} tensors, {fmt_bytes(info.tensor_bytes)}")
-        for key, value in info.summary().items():
-            if key != "tokenizer.chat_template":
-                print(f"    {key} = {value}")
+        out.append(f"  GGUF v{info.version}: {len(info.tensors)} tensors, {fmt_bytes(info.tensor_bytes)}")
+        out += [f"    {key} = {value}" for key, value in info.summary().items() if key != "tokenizer.chat_template"]
     for name, report in manifest.reports.items():
         if isinstance(report, dict):  # e.g. the converter's quality report: one measured number per line
-            print(f"  report {name}:")
-            for key, value in report.items():
-                print(f"    {key} = {value}")
+            out.append(f"  report {name}:")
+            out += [f"    {key} = {value}" for key, value in report.items()]
         else:
-            print(f"  report {name}: {report}")
+            out.append(f"  report {name}: {report}")
+    for line in out:
+        print(printable(line))
     return 0

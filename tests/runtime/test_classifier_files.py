@@ -139,6 +139,7 @@ def test_center_crop_keeps_the_middle() -> None:
 def _vision_manifest(backend: str, arena: int) -> Manifest:
     data = _manifest(VisionSpec(size=224, arena_bytes=arena).to_dict())
     data["backend"] = backend
+    data["model_format"] = {"litert": "tflite", "ort": "onnx"}[backend]  # the manifest refuses a format its backend cannot load
     data["files"][0]["size"] = 4 << 20
     return Manifest.from_dict(data)
 
