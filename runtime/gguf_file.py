@@ -4,12 +4,15 @@ llama.cpp must never see a file we have not checked, so every GGUF is read here
 first: magic, version, KV and tensor counts against the file size, every string
 and array length against the bytes that remain, duplicate keys and tensor names,
 tensor types, alignment, and every tensor's data extent against the file end
-(a truncated download fails here, not inside native code).
+(a truncated download fails here, not inside native code). The contents are
+then checked against what llama.cpp's loader assumes (:mod:`runtime.gguf_checks`:
+the vocabulary arrays, special-token ids, architecture numbers); the merges are
+checked here, element by element, as they are skipped.
 
 Format constants come from the ``gguf`` package (llama.cpp's own Python
 module); the parsing is ours because ``gguf.GGUFReader`` materialises every
 array (seconds for a 49k-token vocabulary) and trusts the counts it reads.
-Large arrays (the vocabulary, merges) are skipped with their length recorded.
+Large arrays (the vocabulary, merges) are skipped with their length and element type recorded.
 All multi-byte values are little-endian (GGUF v2/v3).
 """
 
@@ -31,7 +34,8 @@ MAX_TENSORS = 1 << 16  # far above any real model (a 70B has ~700 tensors)
 MAX_KV = 1 << 16
 MAX_KEY_LEN = 1 << 16
 MAX_DIMS = 4  # GGML_MAX_DIMS
-SMALL_ARRAY = 256  # arrays up to this many elements are kept as values
+SMALL_ARRAY = 512  # arrays up to this many elements are kept as values (per-layer arrays: llama.cpp takes <= 512 layers)
+MERGES_KEY = "tokenizer.ggml.merges"
 # Strings worth keeping even when long.
 KEEP_LONG_STRINGS = ("tokenizer.chat_template",)
 
@@ -76,6 +80,8 @@ class GGUFInfo:
     tensors: list[TensorInfo] = field(default_factory=list)
     data_offset: int = 0
     alignment: int = GGUF_DEFAULT_ALIGNMENT
+    value_types: dict[str, GGUFValueType] = field(default_factory=dict)  # per key; ARRAY for arrays
+    element_types: dict[str, GGUFValueType] = field(default_factory=dict)  # per array key
 
     @property
     def architecture(self) -> str:
@@ -162,7 +168,15 @@ def _value_type(cur: _Cursor, what: str) -> GGUFValueType:
         raise cur.fail(f"{what} has unknown value type {raw} (valid: 0-12)") from None
 
 
-def _read_value(cur: _Cursor, vtype: GGUFValueType, key: str) -> Any:
+def _check_merge(cur: _Cursor, raw: bytes, i: int) -> None:
+    """llama.cpp (llama-vocab.cpp) splits a merge at its first space after the first byte and ranks the pair; a
+    merge without exactly one such space, or with an empty half, is a pair no token can ever match."""
+    pos = raw.find(b" ", 1)
+    if pos < 0 or pos == len(raw) - 1 or raw.count(b" ") != 1:
+        raise cur.fail(f"{MERGES_KEY}[{i}] is {raw[:40]!r}, not two non-empty parts separated by one space ('a b')")
+
+
+def _read_value(cur: _Cursor, vtype: GGUFValueType, key: str, element_types: dict[str, GGUFValueType]) -> Any:
     if vtype in _SCALAR:
         return cur.unpack(_SCALAR[vtype], f"value of {key!r}")
     if vtype == GGUFValueType.STRING:
@@ -171,11 +185,19 @@ def _read_value(cur: _Cursor, vtype: GGUFValueType, key: str) -> Any:
     etype = _value_type(cur, f"elements of {key!r}")
     if etype == GGUFValueType.ARRAY:
         raise cur.fail(f"{key!r} is an array of arrays, which GGUF readers do not support")
+    element_types[key] = etype
     count = cur.unpack("<Q", f"length of {key!r}")
     min_elem = 8 if etype == GGUFValueType.STRING else struct.calcsize(_SCALAR[etype])
     if count * min_elem > cur.size - cur.pos:
         raise cur.fail(f"{key!r} claims {count} elements, more than the {cur.size - cur.pos} bytes left in the file")
     keep = count <= SMALL_ARRAY
+    if key == MERGES_KEY and etype == GGUFValueType.STRING:
+        for i in range(count):
+            length = cur.unpack("<Q", f"length of {key}[{i}]")
+            cur.need(length, f"{key}[{i}]")
+            _check_merge(cur, bytes(cur.buf[cur.pos : cur.pos + length]), i)
+            cur.pos += length
+        return ArrayInfo(etype, count)
     if etype == GGUFValueType.STRING:
         values = [cur.string(f"element of {key!r}", keep=keep) for _ in range(count)]
         return values if keep else ArrayInfo(etype, count)
@@ -222,13 +244,15 @@ def _parse(cur: _Cursor, path: Path, size: int) -> GGUFInfo:
         raise cur.fail(f"{n_kv} metadata entries and {n_tensors} tensors cannot fit in {size} bytes")
 
     metadata: dict[str, Any] = {}
+    value_types: dict[str, GGUFValueType] = {}
+    element_types: dict[str, GGUFValueType] = {}
     for i in range(n_kv):
         key = cur.string(f"key #{i}", limit=MAX_KEY_LEN)
         assert key is not None
         if key in metadata:
             raise cur.fail(f"duplicate metadata key {key!r}")
-        vtype = _value_type(cur, repr(key))
-        metadata[key] = _read_value(cur, vtype, key)
+        vtype = value_types[key] = _value_type(cur, repr(key))
+        metadata[key] = _read_value(cur, vtype, key, element_types)
 
     alignment = metadata.get("general.alignment", GGUF_DEFAULT_ALIGNMENT)
     if not isinstance(alignment, int) or alignment <= 0 or alignment & (alignment - 1):
@@ -272,7 +296,11 @@ def _parse(cur: _Cursor, path: Path, size: int) -> GGUFInfo:
                 f"{path}: truncated GGUF: tensor {t.name!r} ends at byte {end} but the file has {size} bytes"
                 " (an incomplete download or copy?)"
             )
-    info = GGUFInfo(path, version, size, metadata, tensors, data_offset, alignment)
+    info = GGUFInfo(path, version, size, metadata, tensors, data_offset, alignment, value_types, element_types)
     if not info.architecture:
         raise cur.fail("general.architecture is missing")
+    from runtime.gguf_checks import check_architecture, check_vocabulary  # (that module reads GGUFInfo from this one)
+
+    check_vocabulary(info)
+    check_architecture(info)
     return info

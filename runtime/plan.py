@@ -83,7 +83,8 @@ def _per_layer(value: Any, n_layer: int, what: str) -> list[int]:
 
 @dataclass(frozen=True)
 class LLMShape:
-    """The numbers of a transformer that memory depends on."""
+    """The numbers of a transformer that memory depends on, as :func:`runtime.gguf_file.read_gguf` checked them
+    (layer count bounded by the tensors present, every size by the file's tensor dimensions)."""
 
     architecture: str
     n_layer: int
@@ -106,9 +107,12 @@ class LLMShape:
         n_head_raw = info.arch_value("attention.head_count", 0)
         if n_layer <= 0 or n_embd <= 0 or not n_head_raw:
             raise BadInput(f"{info.path}: GGUF lacks {arch}.block_count/embedding_length/attention.head_count; cannot plan memory")
-        n_head = max(_per_layer(n_head_raw, n_layer, "head_count"))
+        heads = _per_layer(n_head_raw, n_layer, "head_count")
+        n_head = max(heads)
+        if n_head <= 0:
+            raise BadInput(f"{info.path}: GGUF {arch}.attention.head_count is 0 in every layer; cannot plan memory")
         n_head_kv = _per_layer(info.arch_value("attention.head_count_kv", n_head_raw), n_layer, "head_count_kv")
-        head_dim = n_embd // n_head
+        head_dim = n_embd // heads[0] if heads[0] else n_embd // n_head  # llama.cpp: n_embd / the first layer's head count
         n_ff_raw = info.arch_value("feed_forward_length", 4 * n_embd)
         window = int(info.arch_value("attention.sliding_window", 0) or 0)
         pattern = info.arch_value("attention.sliding_window_pattern", None)
