@@ -15,7 +15,7 @@ import threading
 import time
 
 from devices.link.transport import SerialURL
-from runtime.errors import BadInput
+from runtime.cli.flags import INT32_MAX, integer, seconds
 
 HELP = "run the reference PLC side of a serial link (edgerun frames or Modbus RTU) on URL"
 
@@ -24,17 +24,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("url", help="serial URL: /dev/ttyUSB0?baud=115200, a pty path, socket://HOST:PORT, rfc2217://HOST:PORT")
     parser.add_argument("--protocol", choices=("edgerun", "modbus"), default="edgerun", help="link protocol (default: edgerun frames)")
     parser.add_argument("--store", help="SQLite file for applied results; makes a restarted peer skip what it already applied")
-    parser.add_argument("--count", type=int, default=0, help="exit after applying this many results (0: run until interrupted)")
-    parser.add_argument("--trigger-every", type=float, default=0.0, metavar="SECONDS", help="send a 'trigger' COMMAND this often")
+    parser.add_argument("--count", type=integer(0, INT32_MAX), default=0, metavar="N",
+                        help="exit after applying this many results (0: run until interrupted)")
+    parser.add_argument("--trigger-every", type=seconds(86400), default=0.0, metavar="SECONDS",
+                        help="send a 'trigger' COMMAND this often, at most once a day (0: never)")
     parser.add_argument("--quiet", action="store_true", help="do not print applied results")
 
 
 def main(args: argparse.Namespace) -> int:
     SerialURL.parse(args.url)  # BadInput with the valid schemes, before anything opens
-    if args.count < 0:
-        raise BadInput(f"--count {args.count} is invalid; give 0 (no limit) or a positive number")
-    if args.trigger_every < 0:
-        raise BadInput(f"--trigger-every {args.trigger_every} is invalid; give seconds >= 0")
     stop = threading.Event()
     if threading.current_thread() is threading.main_thread():  # signals reach only the main thread
         signal.signal(signal.SIGTERM, lambda *_: stop.set())

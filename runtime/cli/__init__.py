@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import re
 import sys
 
 from runtime.errors import EdgerunError
@@ -32,6 +33,23 @@ COMMANDS: dict[str, str] = {
     "doctor": "devices.cli.doctor_cmd",
     "serial-peer": "devices.cli.serial_peer_cmd",
 }
+
+
+def one_line(text: str) -> str:
+    """``text`` as one line: its lines joined by spaces, other control characters escaped (``\\x1b``).
+
+    The dispatcher is the last guard of "one line per error": a backend's multi-line
+    message, or a name with a newline or a terminal escape in it, cannot break it.
+    """
+    joined = " ".join(part.strip() for part in text.replace("\t", " ").splitlines() if part.strip())
+    return re.sub(r"[\x00-\x1f\x7f-\x9f]", lambda m: f"\\x{ord(m.group()):02x}", joined)
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, with its errors on one line: the flag, the value, what is valid (usage is one --help away)."""
+
+    def error(self, message: str):  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {one_line(message)} (see {self.prog} --help)\n")
 
 
 def _usage() -> str:
@@ -66,13 +84,16 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"edgerun: the {name!r} command is not part of this install", file=sys.stderr)
         return 4
-    parser = argparse.ArgumentParser(prog=f"edgerun {name}", description=_help_line(name, COMMANDS[name]))
+    parser = _Parser(prog=f"edgerun {name}", description=_help_line(name, COMMANDS[name]))
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress to stderr")
     if hasattr(mod, "add_command_arguments"):
         mod.add_command_arguments(name, parser)
     else:
         mod.add_arguments(parser)
-    args = parser.parse_args(argv)  # argparse exits 2 with one line on bad flags
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # --help (0), or a bad flag (2, its one line already printed): returned, for in-process callers
+        return int(exc.code or 0)
     args.command = name
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING,
@@ -82,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(mod.main(args) or 0)
     except EdgerunError as exc:
-        print(f"edgerun: {exc}", file=sys.stderr)
+        print(f"edgerun: {one_line(str(exc))}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         print("edgerun: interrupted", file=sys.stderr)

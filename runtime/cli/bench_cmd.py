@@ -15,16 +15,17 @@ from typing import Any
 import numpy as np
 
 from runtime.cli.common import print_json
-from runtime.errors import BadInput
+from runtime.cli.flags import MAX_BATCH, MAX_RUNS, integer, thread_count
 
 HELP = "measure a vision or audio bundle: latency p50/p99 at 1 and 2 threads, throughput with batching, placement"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model", help="bundle path or installed name[@version]")
-    parser.add_argument("--threads", type=int, nargs="+", default=[1, 2], metavar="N", help="thread counts to measure (default 1 2)")
-    parser.add_argument("--runs", type=int, default=50, help="timed runs per setting (default 50)")
-    parser.add_argument("--batch", type=int, default=8, help="batch size for the throughput run (default 8)")
+    parser.add_argument("--threads", type=thread_count, nargs="+", default=[1, 2], metavar="N",
+                        help="thread counts to measure, each 1 to 4 x the logical CPUs (default 1 2)")
+    parser.add_argument("--runs", type=integer(1, MAX_RUNS), default=50, metavar="N", help="timed runs per setting (default 50)")
+    parser.add_argument("--batch", type=integer(1, MAX_BATCH), default=8, metavar="N", help="batch size for the throughput run (default 8)")
     parser.add_argument("--target", default="auto", help="cpu, gpu, npu or auto (default: auto)")
     parser.add_argument("--require-accelerator", action="store_true")
     parser.add_argument("--json", action="store_true")
@@ -76,8 +77,6 @@ def measure(ref: str, threads: int, runs: int, batch: int, target: str = "auto",
 
 
 def main(args: argparse.Namespace) -> int:
-    if args.runs < 1 or args.batch < 1 or any(t < 1 for t in args.threads):
-        raise BadInput(f"--runs {args.runs}, --batch {args.batch} and --threads {args.threads} must be positive")
     rows = [measure(args.model, t, args.runs, args.batch, args.target, args.require_accelerator) for t in args.threads]
     if args.json:
         print_json({"model": rows[0]["model"], "results": rows})

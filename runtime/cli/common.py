@@ -1,4 +1,7 @@
-"""Flags shared by the commands that load a model, and their translation to API calls."""
+"""Flags shared by the commands that load a model, and their translation to API calls.
+
+Their types and bounds are in runtime/cli/flags.py.
+"""
 
 from __future__ import annotations
 
@@ -7,49 +10,76 @@ import json
 import sys
 from typing import Any
 
-from runtime.plan import KVType
-from runtime.units import parse_size
+from runtime.cli.flags import INT32_MAX, integer, sampling_value, size, thread_count, utf8_text
+from runtime.errors import BadInput
+from runtime.plan import CTX_PAD, MIN_CTX, KVType
+
+MAX_CTX = INT32_MAX // CTX_PAD * CTX_PAD  # llama.cpp pads n_ctx up to 256 cells: the padded count must stay an int32
 
 
 def add_load_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model", help="bundle path, .gguf file, installed name[@version], or 'default'")
-    parser.add_argument("--memory", metavar="SIZE", help="memory budget, e.g. 512M or 1.5G (default: the board profile's share of available RAM)")
-    parser.add_argument("--ctx", type=int, metavar="N", help="context size in tokens (default: largest that fits, up to 8192)")
-    parser.add_argument("--kv-type", choices=[k.value for k in KVType], help="KV cache type (default: f16 if it fits, else q8_0)")
-    parser.add_argument("--threads", type=int, metavar="N", help="CPU threads (default: from the device and its load)")
+    parser.add_argument("--memory", type=size(), metavar="SIZE",
+                        help="memory budget, e.g. 512M or 1.5G, at most 256T (default: the board profile's share of available RAM)")
+    add_llm_plan_arguments(parser, "(default: largest that fits, up to 8192)")
+    parser.add_argument("--threads", type=thread_count, metavar="N",
+                        help="CPU threads, 1 to 4 x the logical CPUs (default: from the device and its load)")
     parser.add_argument("--target", default="auto", help="cpu, gpu, npu or auto (default: auto)")
     parser.add_argument("--require-accelerator", action="store_true", help="fail instead of falling back to the CPU")
-    parser.add_argument("--prefix-cache", metavar="SIZE", help="bytes of saved prompt prefixes (default: 1/16 of the budget, at most 64M)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
 
 
+def add_llm_plan_arguments(parser: argparse.ArgumentParser, ctx_default: str = "") -> None:
+    """LLM-only planning flags (``run``, ``chat``, ``plan``). Default None: None means 'not given'."""
+    parser.add_argument("--ctx", type=integer(MIN_CTX, MAX_CTX, "llama.cpp's int32 cell count"), metavar="N",
+                        help=f"LLM: context size in tokens {ctx_default}".rstrip())
+    parser.add_argument("--kv-type", choices=[k.value for k in KVType], help="LLM: KV cache type (default: f16 if it fits, else q8_0)")
+    parser.add_argument("--prefix-cache", type=size(minimum=0), metavar="SIZE",
+                        help="LLM: bytes of saved prompt prefixes, 0 for none (default: 1/16 of the budget, at most 64M)")
+
+
 def add_sampling_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--max-tokens", type=int, help="tokens to generate at most (default 256)")
-    parser.add_argument("--seed", type=int, help="random seed: the same seed gives the same text (default 0)")
-    parser.add_argument("--temperature", type=float, help="0 is greedy (default: the bundle's)")
-    parser.add_argument("--top-k", type=int)
-    parser.add_argument("--top-p", type=float)
-    parser.add_argument("--min-p", type=float)
-    parser.add_argument("--repeat-penalty", type=float)
-    parser.add_argument("--stop", action="append", metavar="TEXT", help="stop before this text (repeatable)")
+    parser.add_argument("--max-tokens", type=sampling_value("max_tokens"), metavar="N",
+                        help="LLM: tokens to generate at most (default 256)")
+    parser.add_argument("--seed", type=sampling_value("seed"), metavar="N",
+                        help="LLM: random seed: the same seed gives the same text (default: a fresh one, reported with --json)")
+    parser.add_argument("--temperature", type=sampling_value("temperature"), metavar="T", help="LLM: 0 is greedy (default: the bundle's)")
+    parser.add_argument("--top-k", type=sampling_value("top_k"), metavar="N", help="LLM: sample from the N likeliest tokens (0: all)")
+    parser.add_argument("--top-p", type=sampling_value("top_p"), metavar="P", help="LLM: nucleus sampling, in (0, 1]")
+    parser.add_argument("--min-p", type=sampling_value("min_p"), metavar="P", help="LLM: drop tokens below P x the likeliest, in [0, 1)")
+    parser.add_argument("--repeat-penalty", type=sampling_value("repeat_penalty"), metavar="X", help="LLM: > 0, 1 disables")
+    parser.add_argument("--stop", action="append", type=utf8_text, metavar="TEXT", help="LLM: stop before this text (repeatable)")
 
 
-def load(args: argparse.Namespace):
+SAMPLING_FLAGS = ("max_tokens", "seed", "temperature", "top_k", "top_p", "min_p", "repeat_penalty", "stop")
+
+
+def refuse_flags(args: argparse.Namespace, dests: tuple[str, ...], model: Any, reason: str) -> None:
+    """Refuse the flags among ``dests`` that were given (their value is not None): they do not apply to ``model``.
+
+    Each of these flags defaults to None, so "given" is never confused with "given the default value".
+    """
+    given = ["--" + d.replace("_", "-") for d in dests if getattr(args, d, None) is not None]
+    if given:
+        kind = model.manifest.kind.value
+        what = "an LLM" if kind == "llm" else f"a {kind} model"
+        verb = "does" if len(given) == 1 else "do"
+        raise BadInput(f"{', '.join(given)} {verb} not apply to {model.manifest.ref}, {what}: {reason}")
+
+
+def load(args: argparse.Namespace, model: Any = None):
+    """The LLM named by ``args.model`` (or the already resolved ``model``), with the load flags."""
     from runtime.llm import LLM
 
-    if args.threads is not None and args.threads < 1:
-        from runtime.errors import BadInput
-
-        raise BadInput(f"--threads {args.threads} is not valid: use an integer >= 1")
     return LLM.load(
-        args.model,
-        memory=parse_size(args.memory) if args.memory else None,
+        args.model if model is None else model,
+        memory=args.memory,
         ctx=args.ctx,
         kv_type=args.kv_type,
         threads=args.threads,
         target=args.target,
         require_accelerator=args.require_accelerator,
-        prefix_cache_bytes=parse_size(args.prefix_cache, "--prefix-cache") if args.prefix_cache else None,
+        prefix_cache_bytes=args.prefix_cache,
     )
 
 

@@ -1,26 +1,19 @@
-"""``edgerun run BUNDLE --input FILE...``: top-k labels and scores for images (vision bundles) or WAV files (audio bundles)."""
+"""``edgerun run BUNDLE --input FILE... [--top N]``: the N best labels and scores for images (vision) or WAV files (audio)."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
+from runtime.bundle import ModelKind
 from runtime.classifier import DEFAULT_TOP_K, Classifier
 from runtime.cli.common import print_json
-from runtime.errors import BadInput
-from runtime.units import parse_size
+from runtime.resolve import ResolvedModel
 
 
-def main(args: argparse.Namespace) -> int:
-    k = DEFAULT_TOP_K if args.top_k is None else args.top_k
-    if k < 1:
-        raise BadInput(f"--top-k {k} is not valid: use an integer >= 1")
-    if args.threads is not None and args.threads < 1:
-        raise BadInput(f"--threads {args.threads} is not valid: use an integer >= 1")
-    from runtime.bundle import ModelKind
-    from runtime.resolve import resolve
-
-    resolved = resolve(args.model)  # a .edgerun file is installed here, once; the loader then takes the installed directory
+def main(args: argparse.Namespace, resolved: ResolvedModel) -> int:
+    """``resolved`` is the vision or audio bundle ``args.model`` named; the flags were checked by run_cmd and argparse."""
+    k = DEFAULT_TOP_K if args.top is None else args.top
     kind = resolved.manifest.kind
     extra = {}
     if kind is ModelKind.AUDIO:
@@ -36,7 +29,7 @@ def main(args: argparse.Namespace) -> int:
         threads=args.threads,
         target=args.target,
         require_accelerator=args.require_accelerator,
-        memory=parse_size(args.memory) if args.memory else None,
+        memory=args.memory,
         batch=len(args.input),
         **extra,
     ) as clf:

@@ -24,7 +24,7 @@ def test_run_labels_held_out_digits(digit_bundles: dict[str, Path], digits: Digi
     # The runtime applies the manifest's resize, normalization and INT8 input scale: labels come out right.
     files = digits.test_images[:40]
     capsys.readouterr()
-    assert edgerun(["run", str(digit_bundles[fmt]), "--input", *map(str, files), "--json", "--top-k", "3", "--threads", "1"]) == 0
+    assert edgerun(["run", str(digit_bundles[fmt]), "--input", *map(str, files), "--json", "--top", "3", "--threads", "1"]) == 0
     data = json.loads(capsys.readouterr().out)
     got = [p["labels"][0]["label"] for p in data["predictions"]]
     want = [LABELS[y] for y in digits.test_labels[:40]]
@@ -36,7 +36,7 @@ def test_run_labels_held_out_digits(digit_bundles: dict[str, Path], digits: Digi
 
 def test_run_text_output_and_placement_line(digit_bundles: dict[str, Path], digits: Digits,
                                             capsys: pytest.CaptureFixture[str]) -> None:
-    assert edgerun(["run", str(digit_bundles["tflite"]), "--input", str(digits.test_images[0]), "--top-k", "1"]) == 0
+    assert edgerun(["run", str(digit_bundles["tflite"]), "--input", str(digits.test_images[0]), "--top", "1"]) == 0
     out = capsys.readouterr()
     assert "placement: litert on cpu" in out.err
     assert out.out.splitlines()[0] == str(digits.test_images[0]) and "%" in out.out.splitlines()[1]
@@ -59,8 +59,8 @@ CASES = [
     ("not-an-image", lambda t: [str(_write(t / "x.jpg", b"hello"))], 2, "cannot decode"),
     # a path that does not exist
     ("missing-file", lambda t: [str(t / "nope.png")], 2, "no such image"),
-    # top-k of zero means nothing
-    ("top-k-zero", lambda t: ["--top-k", "0"], 2, "--top-k 0"),
+    # zero labels means nothing: refused by the flag's type, with the valid range
+    ("top-zero", lambda t: ["--top", "0"], 2, "argument --top: '0' is out of range: use an integer from 1"),
     # a budget too small for the model's weights and arena: refused before loading, with the plan
     ("too-small-budget", lambda t: ["--memory", "1M"], 3, "does not fit"),
     # --require-accelerator on a machine without one

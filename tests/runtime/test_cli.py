@@ -27,7 +27,7 @@ def test_run_json_has_every_field(smollm, capsys) -> None:
     assert code == 0
     data = json.loads(out)
     assert RUN_FIELDS <= set(data)
-    assert data["tokens_out"] == 6 and data["kv_type"] in ("f16", "q8_0") and data["placement"]["backend"] == "llamacpp"
+    assert data["tokens_out"] == 6 and data["kv_type"] == "f16" and data["placement"]["backend"] == "llamacpp"  # 1G: the f16 plan
     assert data["plan"]["fits"] is True
 
 
@@ -49,9 +49,22 @@ def test_plan_json_fields(smollm, capsys) -> None:
 
 
 def test_plan_shrinks_context_then_kv_type_to_fit(smollm, capsys) -> None:
+    assert cli(["plan", "default", "--memory", "1G", "--json"]) == 0
+    roomy = json.loads(capsys.readouterr().out)
+    assert (roomy["n_ctx"], roomy["kv_type"]) == (8192, "f16")  # the first choice, when it fits
     assert cli(["plan", "default", "--memory", "300M", "--json"]) == 0
     tight = json.loads(capsys.readouterr().out)
-    assert tight["fits"] and (tight["kv_type"] == "q8_0" or tight["n_ctx"] < 8192)
+    assert tight["fits"] and (tight["n_ctx"], tight["kv_type"]) != (8192, "f16")
+    # it had to shrink: the first choice does not fit 300M ...
+    assert cli(["plan", "default", "--memory", "300M", "--ctx", "8192", "--kv-type", "f16"]) == 3
+    # ... and it shrank no further than it had to: 256 more cells, same KV type and micro-batch, do not fit
+    from runtime.errors import DoesNotFit
+    from runtime.gguf_file import read_gguf
+    from runtime.plan import KVType, plan_llm
+
+    with pytest.raises(DoesNotFit):
+        plan_llm(read_gguf(smollm.path()), 300 << 20, ctx=tight["n_ctx"] + 256, kv_type=KVType(tight["kv_type"]),
+                 n_ubatch=tight["n_ubatch"])
 
 
 # Bad input: (argv, exit code, fragment of the one-line error). Each case is a mistake a user makes.
@@ -59,9 +72,9 @@ BAD = [
     (["run", "no-such-model", "--prompt", "x"], 2, "unknown model 'no-such-model'"),
     (["run", "default@9.9", "--prompt", "x"], 2, "no version '9.9'"),
     (["run", "/nonexistent/model.gguf", "--prompt", "x"], 2, "no such file"),
-    (["run", "default", "--prompt", "x", "--memory", "lots"], 2, "--memory 'lots' is not a size"),
-    (["run", "default", "--prompt", "x", "--temperature", "-1"], 2, "--temperature -1"),
-    (["run", "default", "--prompt", "x", "--threads", "0"], 2, "--threads 0"),
+    (["run", "default", "--prompt", "x", "--memory", "lots"], 2, "argument --memory: 'lots' is not a size"),
+    (["run", "default", "--prompt", "x", "--temperature", "-1"], 2, "argument --temperature: '-1' is out of range"),
+    (["run", "default", "--prompt", "x", "--threads", "0"], 2, "argument --threads: '0' is out of range"),
     (["run", "default", "--prompt", "x", "--target", "tpu"], 2, "valid targets: cpu, gpu, npu, auto"),
     (["run", "default", "--prompt", "x", "--target", "gpu", "--require-accelerator"], 5, "require-accelerator"),
     (["plan", "default", "--memory", "64M"], 3, "the weights alone need"),

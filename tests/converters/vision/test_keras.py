@@ -38,7 +38,7 @@ def test_keras_model_converts_to_int8_tflite_and_classifies(keras_models: tuple[
     assert manifest.source["route"] == "keras->tflite"
     capsys.readouterr()
     images = digits.test_images[:20]
-    assert edgerun(["run", str(out), "--input", *map(str, images), "--top-k", "1", "--json"]) == 0
+    assert edgerun(["run", str(out), "--input", *map(str, images), "--top", "1", "--json"]) == 0
     got = [p["labels"][0]["label"] for p in json.loads(capsys.readouterr().out)["predictions"]]
     right = sum(g == LABELS[t] for g, t in zip(got, digits.test_labels[:20], strict=True))
     assert right >= 17

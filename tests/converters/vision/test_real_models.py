@@ -82,7 +82,7 @@ def test_real_model_bundle_labels_photos(real_bundles, photo_sets, model: str, f
     assert not report["equalization"]["applied"] and "--equalize on" in report["equalization"]["why"]  # opt-in
     assert report["quant_bytes"] < report["float_bytes"] / 3  # INT8 is more than 3x smaller
     capsys.readouterr()
-    assert edgerun(["run", str(bundle), "--input", *map(str, files), "--json", "--top-k", "1", "--threads", "1"]) == 0
+    assert edgerun(["run", str(bundle), "--input", *map(str, files), "--json", "--top", "1", "--threads", "1"]) == 0
     preds = json.loads(capsys.readouterr().out)["predictions"]
     float_ok = _float_correct(model, photo_sets)
     assert sum(float_ok) >= 5  # the photos carry meaning: float gets most known ones
