@@ -35,9 +35,28 @@ class Backend(abc.ABC):
         self.close()
 
 
+@dataclass(frozen=True)
+class SpecialToken:
+    """A token that the tokenizer matches as a whole in text before anything else."""
+
+    id: int
+    text: str
+    control: bool  # matched only with ``special=True``; otherwise user-defined, matched even in plain text
+    lstrip: bool = False  # whitespace before it is absorbed
+    rstrip: bool = False  # whitespace after it is absorbed
+
+
 class LLMBackend(Backend):
     n_ctx: int  # KV cells available
     gpu_offload: bool = False  # whether layers can live on a GPU in this build
+
+    def special_tokens(self) -> Sequence[SpecialToken]:
+        """Every token :meth:`tokenize` matches as a whole when ``special`` is set, longest text first.
+
+        A tokenizer without such tokens returns none (the default). Chat templates use
+        this to keep message content from turning into control tokens (runtime/chat_tokens.py).
+        """
+        return ()
 
     @abc.abstractmethod
     def tokenize(self, text: str, *, add_bos: bool, special: bool) -> list[int]: ...

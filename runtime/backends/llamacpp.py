@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from runtime.backends.base import LLMBackend
+from runtime.backends.base import LLMBackend, SpecialToken
 from runtime.errors import BackendError, missing
 from runtime.plan import MemoryPlan
 from runtime.sampling import SamplingParams
@@ -28,6 +28,10 @@ except ImportError as exc:  # pragma: no cover - exercised via sys.modules patch
 
 log = logging.getLogger(__name__)
 REPEAT_LAST_N = 64  # tokens the repeat penalty looks back over
+# llama_token_attr bits: which tokens the tokenizer splits out before anything else, and which of those
+# it matches only when asked to parse special tokens (llama-vocab.cpp, tokenizer_st_partition).
+ATTR_SPECIAL = llama_cpp.LLAMA_TOKEN_ATTR_CONTROL | llama_cpp.LLAMA_TOKEN_ATTR_USER_DEFINED | llama_cpp.LLAMA_TOKEN_ATTR_UNKNOWN
+ATTR_PARSE_ONLY = llama_cpp.LLAMA_TOKEN_ATTR_CONTROL | llama_cpp.LLAMA_TOKEN_ATTR_UNKNOWN
 
 
 def gpu_offload_supported() -> bool:
@@ -63,6 +67,7 @@ class LlamaCppBackend(LLMBackend):
         self.n_ctx = self._llm.n_ctx()
         self.gpu_offload = gpu_offload_supported()
         self._piece = ctypes.create_string_buffer(256)
+        self._specials: tuple[SpecialToken, ...] | None = None
 
     def close(self) -> None:
         llm, self._llm = getattr(self, "_llm", None), None
@@ -141,3 +146,24 @@ class LlamaCppBackend(LLMBackend):
             return ""
         n = llama_cpp.llama_token_to_piece(self._vocab, token, self._piece, len(self._piece), 0, True)
         return self._piece.raw[:n].decode("utf-8", errors="replace") if n > 0 else ""
+
+    def special_tokens(self) -> Sequence[SpecialToken]:
+        """The tokens llama.cpp's tokenizer splits out first (its ``cache_special_tokens``), longest first."""
+        if self._specials is None:
+            attr = llama_cpp.llama_vocab_get_attr
+            found = []
+            for token in range(llama_cpp.llama_vocab_n_tokens(self._vocab)):
+                flags = attr(self._vocab, token)
+                if not flags & ATTR_SPECIAL:
+                    continue
+                try:
+                    text = llama_cpp.llama_vocab_get_text(self._vocab, token).decode("utf-8")
+                except UnicodeDecodeError:  # cannot occur whole in UTF-8 text
+                    continue
+                if text:
+                    found.append(SpecialToken(token, text, bool(flags & ATTR_PARSE_ONLY),
+                                              bool(flags & llama_cpp.LLAMA_TOKEN_ATTR_LSTRIP),
+                                              bool(flags & llama_cpp.LLAMA_TOKEN_ATTR_RSTRIP)))
+            found.sort(key=lambda t: -len(t.text.encode("utf-8")))
+            self._specials = tuple(found)
+        return self._specials
