@@ -36,14 +36,24 @@ EDGETPU_RUNTIME = "install the Edge TPU runtime: apt-get install libedgetpu1-std
 
 @dataclass(frozen=True)
 class Offload:
-    """What the loaded backend actually put where, in the backend's own unit."""
+    """What the loaded backend actually put where, in the backend's own unit, as the backend itself reports it."""
 
     unit: str  # "layers" (llama.cpp), "nodes" (ORT), "ops" (LiteRT)
     on_accelerator: int
     total: int
+    by_device: tuple[tuple[str, int], ...] = ()  # (device, count): llama.cpp device, ORT provider, LiteRT delegate
+    measured: bool = True  # False: the backend did not say, and on_accelerator is what was asked for
+    why: str | None = None  # why nothing could go to the accelerator, when the backend knows
 
     def to_dict(self) -> dict[str, object]:
-        return dataclasses.asdict(self)
+        return {"unit": self.unit, "on_accelerator": self.on_accelerator, "total": self.total,
+                "by_device": dict(self.by_device), "measured": self.measured, "why": self.why}
+
+    def describe(self) -> str:
+        line = f"{self.on_accelerator}/{self.total} {self.unit} on the accelerator"
+        if self.by_device:
+            line += " (" + ", ".join(f"{device} {n}" for device, n in self.by_device) + ")"
+        return line if self.measured else line + " (as requested; the backend did not report it)"
 
 
 @dataclass(frozen=True)
@@ -59,13 +69,27 @@ class Placement:
     fallback: tuple[str, ...]  # one line per fallback step, empty when the request was honoured
     notes: tuple[str, ...] = ()  # other decisions worth reporting (threads reduced for load)
     offload: Offload | None = None  # filled in after load by the runtime
+    # Other work runs on the cores these threads would use (the load average says cores are busy, or a resident
+    # llama.cpp model's threads are budgeted): threads that spin while waiting would take time from it.
+    shares_cores: bool = False
 
     @property
     def fell_back(self) -> bool:
         return bool(self.fallback)
 
-    def loaded(self, offload: Offload) -> "Placement":
-        return dataclasses.replace(self, offload=offload)
+    def loaded(self, offload: Offload, *, require_accelerator: bool = False) -> "Placement":
+        """This placement with what the backend reports it put where.
+
+        An accelerator that took none of the model runs nothing: the placement then says the model runs on
+        the CPU and why, and ``require_accelerator`` refuses it (:class:`PlacementError`)."""
+        if self.target is Target.CPU or offload.on_accelerator > 0 or not offload.measured:
+            return dataclasses.replace(self, offload=offload)
+        line = f"{self.device}: the accelerator took none of the model's {offload.total} {offload.unit}"
+        line += f" ({offload.why})" if offload.why else ""
+        if require_accelerator:
+            raise PlacementError(f"--require-accelerator: {line}")
+        return dataclasses.replace(self, target=Target.CPU, device="cpu", offload=offload,
+                                   fallback=(*self.fallback, f"{line}; running on cpu"))
 
     def summary(self) -> str:
         parts = [f"{self.backend} on {self.device}", f"{self.threads} thread{'s' if self.threads != 1 else ''}"]
@@ -76,7 +100,7 @@ class Placement:
         if self.providers:
             parts.append("providers " + ",".join(self.providers))
         if self.offload:
-            parts.append(f"{self.offload.on_accelerator}/{self.offload.total} {self.offload.unit} on the accelerator")
+            parts.append(self.offload.describe())
         line = "placement: " + ", ".join(parts) + f" (requested {self.requested.value})"
         if self.fallback:
             line += "; fallback: " + " | ".join(self.fallback)
@@ -97,6 +121,7 @@ class Placement:
             "fallback": list(self.fallback),
             "notes": list(self.notes),
             "offload": self.offload.to_dict() if self.offload else None,
+            "shares_cores": self.shares_cores,
         }
 
 
@@ -116,13 +141,16 @@ def resolve_placement(
     threads: int | None = None,
     n_layers: int | None = None,
     int8: bool = False,
+    busy_threads: int = 0,
     machine: Machine | None = None,
     caps: BackendCaps | None = None,
 ) -> Placement:
     """Resolve ``target`` for ``backend`` on ``machine`` (default: this one) with ``caps`` (default: probed now).
 
     ``int8``: the model computes in 8-bit integers; on a CPU without 8-bit dot-product instructions the
-    placement then says that INT8 will not be faster than float there."""
+    placement then says that INT8 will not be faster than float there.
+    ``busy_threads``: threads other engines in this process already run (a resident llama.cpp model's),
+    counted as busy cores beside the load average."""
     kind = Backend.parse(backend)
     requested = Target.parse(target)
     if require_accelerator and requested is Target.CPU:
@@ -131,6 +159,8 @@ def resolve_placement(
         raise BadInput(f"threads={threads!r} is invalid; give a positive integer")
     if n_layers is not None and (not isinstance(n_layers, int) or n_layers < 0):
         raise BadInput(f"n_layers={n_layers!r} is invalid; give the model's layer count (>= 0)")
+    if not isinstance(busy_threads, int) or isinstance(busy_threads, bool) or busy_threads < 0:
+        raise BadInput(f"busy_threads={busy_threads!r} is invalid; give the threads other engines run (>= 0)")
     machine = machine or detect("/")
     caps = caps or probe(kind)
     if not caps.installed:
@@ -156,7 +186,8 @@ def resolve_placement(
             reasons = "; ".join(f"{t.value}: {r}" for t, r in failures) or "the profile prefers no accelerator"
             raise PlacementError(f"--require-accelerator: {kind.value} would run on the CPU ({reasons})")
         chosen = (Target.CPU, _Step(device="cpu", providers=("CPUExecutionProvider",) if kind is Backend.ORT else ()))
-    n_threads, notes = _threads(machine, threads)
+    busy = int(machine.live.load_avg[0] + 0.5) + busy_threads
+    n_threads, notes = _threads(machine, threads, busy)
     resolved, step = chosen
     if int8 and resolved is Target.CPU and not machine.cpu.int8_dot:
         notes.append(f"INT8 about as fast as float here: {machine.cpu.arch} CPU without 8-bit dot-product instructions "
@@ -172,6 +203,7 @@ def resolve_placement(
         providers=step.providers,
         fallback=tuple(fallback),
         notes=tuple(notes),
+        shares_cores=busy > 0 or n_threads > machine.usable_cpus,
     )
 
 
@@ -223,19 +255,19 @@ def _try(kind: Backend, target: Target, machine: Machine, caps: BackendCaps, n_l
     return _Step(device=device, providers=(*present, "CPUExecutionProvider")), ""
 
 
-def _threads(machine: Machine, requested: int | None) -> tuple[int, list[str]]:
+def _threads(machine: Machine, requested: int | None, busy: int) -> tuple[int, list[str]]:
     """The profile's thread count, reduced when other work already occupies cores.
 
     llama.cpp's worker threads spin while waiting for each other; when they share
     cores with other busy processes, a thread that is descheduled stalls all the
     others, and decode speed collapses rather than degrading gently. So we leave
-    the cores the 1-minute load average says are busy.
+    the cores that are busy (``busy``: the 1-minute load average, and other engines' threads).
     """
     if requested is not None:
         return requested, []
     wanted = machine.profile_threads()
-    busy = int(machine.live.load_avg[0] + 0.5)
     free = max(1, machine.usable_cpus - busy)
     if free < wanted:
-        return free, [f"threads reduced from {wanted} to {free}: load average {machine.live.load_avg[0]:.2f} on {machine.usable_cpus} usable CPUs"]
+        return free, [f"threads reduced from {wanted} to {free}: {busy} cores busy (load average {machine.live.load_avg[0]:.2f}) "
+                      f"on {machine.usable_cpus} usable CPUs"]
     return wanted, []

@@ -54,7 +54,8 @@ def open_backend(model: ResolvedModel, placement: Any) -> ClassifierBackend:
     path = model.path("weights")
     if backend is BackendName.LITERT:
         return factory(path, threads=placement.threads, delegate=placement.delegate)
-    return factory(path, threads=placement.threads, providers=placement.providers or ("CPUExecutionProvider",))
+    return factory(path, threads=placement.threads, providers=placement.providers or ("CPUExecutionProvider",),
+                   spin=not placement.shares_cores)
 
 
 def _check_quant(ref: str, what: str, declared: TensorQuant, dtype: str, scale: float, zero: int) -> None:
@@ -106,7 +107,7 @@ class Classifier:
         labels = preprocess.read_labels(model.directory / manifest.vision.labels) if manifest.vision.labels else []
         backend = open_backend(model, placement)
         try:
-            placement = placement.loaded(backend.offload())
+            placement = placement.loaded(backend.offload(), require_accelerator=require_accelerator)
             log.info("%s", placement.summary())
             return cls(model, backend, placement, plan, labels)
         except BaseException:

@@ -39,16 +39,18 @@ def open_llm(
         raise BadInput(f"{manifest.ref} is a {manifest.kind.value} model for {manifest.backend.value}; this command runs GGUF language models")
     info = read_gguf(model.path())
     plan = plan_llm(info, budget, name=manifest.ref, ctx=ctx, kv_type=kv_type, prefix_cache_bytes=prefix_cache_bytes)
-    from devices.placement import Offload, resolve_placement
+    from devices.placement import resolve_placement
 
     n_layers = int(info.arch_value("block_count", 0) or 0)
     placement = resolve_placement("llamacpp", target, require_accelerator=require_accelerator, threads=threads, n_layers=n_layers)
     from runtime.backends.llamacpp import LlamaCppBackend
 
     backend = LlamaCppBackend(model.path(), plan, threads=placement.threads, gpu_layers=placement.gpu_layers)
-    # llama.cpp offloads min(n_gpu_layers, n_layer + 1) layers (the +1 is the output layer).
-    offloaded = min(placement.gpu_layers, n_layers + 1) if backend.gpu_offload else 0
-    placement = placement.loaded(Offload("layers", offloaded, n_layers + 1))
+    try:
+        placement = placement.loaded(backend.offload(), require_accelerator=require_accelerator)  # measured by llama.cpp
+    except BaseException:
+        backend.close()
+        raise
     log.info("%s", placement.summary())
     return cls(model, plan, backend, placement)
 

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from runtime.errors import BadInput
+from runtime.errors import BackendError, BadInput, EdgerunError
 from runtime.sampling import SamplingParams
 
 
@@ -120,11 +120,12 @@ class TensorInfo:
 
 
 class ClassifierBackend(Backend):
-    """A one-input, one-output tensor model (LiteRT, ONNX Runtime).
+    """A one-input, one-output tensor model (LiteRT, ONNX Runtime, null).
 
-    :meth:`run` checks the batch against :attr:`input` and splits it when the
-    model cannot take the whole batch at once; a backend implements ``_run`` for
-    one call the model accepts and ``_resize`` when it can change the batch size.
+    :meth:`run` checks the batch against :attr:`input`, splits it into the batch
+    size the model takes, and turns any failure of the native call into one
+    :class:`BackendError` line. A backend implements ``_run`` for one call the
+    model accepts and ``_resize`` when it can change the batch size.
     """
 
     input: TensorInfo
@@ -145,18 +146,49 @@ class ClassifierBackend(Backend):
         if len(batch) == 0:
             raise BadInput(f"{self.name}: empty batch")
         batch = np.ascontiguousarray(batch)
-        if self._resize(len(batch)):
-            return self._run(batch)
-        return np.concatenate([self._run(batch[i : i + 1]) for i in range(len(batch))])
+        rows = self._guarded(self._resize, len(batch))
+        if rows == len(batch):
+            return self._checked(batch, rows)
+        # The model takes a fixed number of rows: feed that many at a time, the last call padded with copies
+        # of the last row (classifier rows are independent), and keep only the real rows' outputs.
+        out = []
+        for start in range(0, len(batch), rows):
+            chunk = batch[start : start + rows]
+            real = len(chunk)
+            if real < rows:
+                chunk = np.concatenate([chunk, np.repeat(chunk[-1:], rows - real, axis=0)])
+            out.append(self._checked(chunk, rows)[:real])
+        return np.concatenate(out)
+
+    def _checked(self, batch: Any, rows: int) -> Any:
+        y = self._guarded(self._run, batch)
+        if getattr(y, "ndim", 0) < 1 or len(y) != rows:
+            raise BackendError(f"{self.name}: the model returned {getattr(y, 'shape', type(y).__name__)} for {rows} input rows")
+        return y
+
+    def _guarded(self, call: Any, arg: Any) -> Any:
+        """``call(arg)`` with any native failure turned into one BackendError line."""
+        try:
+            return call(arg)
+        except EdgerunError:
+            raise
+        except Exception as exc:  # native runtimes raise their own types (RuntimeError, ORT's Fail, MemoryError)
+            raise BackendError(f"{self.name}: the model failed at run time ({type(exc).__name__}: {one_line(exc)})") from None
 
     @abc.abstractmethod
     def _run(self, batch: Any) -> Any:
         """One native call on a batch whose size the model currently accepts."""
 
-    def _resize(self, n: int) -> bool:
-        """Make the next ``_run`` take ``n`` rows; False when it cannot (rows then go one at a time)."""
-        return self.input.shape[0] in (-1, n)
+    def _resize(self, n: int) -> int:
+        """Make the next ``_run`` take ``n`` rows if the model can; the rows it will take (n, or its fixed batch)."""
+        fixed = self.input.shape[0]
+        return n if fixed in (-1, n) else fixed
 
     @abc.abstractmethod
     def offload(self) -> Any:
         """:class:`devices.placement.Offload` (ops or nodes on the accelerator) after load."""
+
+
+def one_line(exc: BaseException, limit: int = 400) -> str:
+    """A native error message on one line (native runtimes' messages span several), at most ``limit`` characters."""
+    return " ".join(str(exc).split())[:limit]

@@ -4,25 +4,41 @@ The Interpreter is imported from ``ai_edge_litert``; ``tflite_runtime`` is used
 only when that is absent (old boards), with a warning: it needs numpy<2, refuses
 today's INT4 and dynamic-range models and runs INT8 far slower. The CPU path is
 the built-in XNNPACK delegate with ``num_threads`` threads; a placement with a
-delegate library (GPU, Edge TPU) loads it with ``load_delegate`` and counts the
-ops the delegate took.
+delegate library (GPU, Edge TPU) loads it with ``load_delegate``.
+
+The offload is counted from the interpreter's own graph: each delegate replaces
+the ops it takes by one DELEGATE node whose inputs and outputs bound them. A
+delegate library is applied when the Interpreter is built, XNNPACK at the first
+``allocate_tensors``, so the DELEGATE nodes present before that are the
+library's. An Edge TPU runs only the ``edgetpu-custom-op`` that edgetpu_compiler
+writes: a model without one is not handed to the Edge TPU delegate at all.
+
+LiteRT's native code prints an INFO line on stderr when it creates XNNPACK; the
+load runs with stderr closed unless logging is at INFO (``-v``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from runtime.backends.base import ClassifierBackend, TensorInfo
+from runtime.backends.base import ClassifierBackend, TensorInfo, one_line
 from runtime.errors import BackendError, BadInput, MissingDependency
 from runtime.model_files import check_tflite
 
 log = logging.getLogger(__name__)
 INSTALL = "pip install ai-edge-litert==2.3.0"
 DELEGATE_OP = "DELEGATE"  # what a delegated partition shows as in the op list
+EDGETPU_LIBRARY = "libedgetpu.so.1"
+EDGETPU_CUSTOM_OP = b"edgetpu-custom-op"  # the one op edgetpu_compiler writes for the part the Edge TPU runs
+XNNPACK = "XNNPACK"
 
 
 def _interpreter_module():
@@ -46,6 +62,25 @@ def _info(detail: dict[str, Any]) -> TensorInfo:
     return TensorInfo(detail["name"], shape, np.dtype(detail["dtype"]).name, float(scale), int(zero))
 
 
+@contextlib.contextmanager
+def _native_stderr_closed() -> Iterator[None]:
+    """File descriptor 2 on /dev/null while the block runs, unless logging is at INFO (-v).
+
+    Errors still arrive: LiteRT raises them as Python exceptions with the native message."""
+    if log.isEnabledFor(logging.INFO):
+        yield
+        return
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "wb") as null:
+            os.dup2(null.fileno(), 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
 class LiteRTBackend(ClassifierBackend):
     name = "litert"
 
@@ -53,18 +88,24 @@ class LiteRTBackend(ClassifierBackend):
         check_tflite(path)  # before the native parser sees the file
         module = _interpreter_module()
         self._delegates: list[Any] = []
-        if delegate:
+        self._delegate, self._why = delegate, None
+        if delegate == EDGETPU_LIBRARY and EDGETPU_CUSTOM_OP not in path.read_bytes():
+            self._why = "the model was not compiled for the Edge TPU: it has no edgetpu-custom-op (compile it with edgetpu_compiler)"
+            log.info("%s: %s; not loading %s", path, self._why, delegate)
+        elif delegate:
             try:
                 self._delegates.append(module.load_delegate(delegate))
             except (ValueError, OSError, RuntimeError) as exc:
-                raise BackendError(f"LiteRT cannot load the delegate {delegate} ({exc})") from None
+                raise BackendError(f"LiteRT cannot load the delegate {delegate} ({one_line(exc)})") from None
         try:
-            self._it = module.Interpreter(
-                model_path=str(path), num_threads=threads, experimental_delegates=self._delegates or None
-            )
-            self._it.allocate_tensors()
+            with _native_stderr_closed():
+                self._it = module.Interpreter(
+                    model_path=str(path), num_threads=threads, experimental_delegates=self._delegates or None
+                )
+                self._library_nodes = self._it._interpreter.NumNodes()  # before XNNPACK joins at allocate_tensors
+                self._it.allocate_tensors()
         except (ValueError, RuntimeError) as exc:
-            raise BadInput(f"{path}: LiteRT cannot load the model ({str(exc).strip()[:400]})") from None
+            raise BadInput(f"{path}: LiteRT cannot load the model ({one_line(exc)})") from None
         inputs, outputs = self._it.get_input_details(), self._it.get_output_details()
         if len(inputs) != 1 or len(outputs) != 1:
             raise BadInput(f"{path}: a classifier has one input and one output; this model has {len(inputs)} and {len(outputs)}")
@@ -72,20 +113,20 @@ class LiteRTBackend(ClassifierBackend):
         self.input, self.output = _info(inputs[0]), _info(outputs[0])
         self._batch = int(inputs[0]["shape"][0])  # rows the allocated tensors take now
 
-    def _resize(self, n: int) -> bool:
+    def _resize(self, n: int) -> int:
         if n == self._batch:
-            return True
+            return n
         try:  # strict=False: litert-torch exports a fixed batch of 1 that XNNPACK can still resize
             self._it.resize_tensor_input(self._in, [n, *self.input.shape[1:]], strict=False)
             self._it.allocate_tensors()
             self._batch = n
-            return True
         except (ValueError, RuntimeError) as exc:
-            log.info("LiteRT cannot take a batch of %d (%s); running rows one at a time", n, exc)
-            self._it.resize_tensor_input(self._in, [1, *self.input.shape[1:]], strict=False)
+            rows = max(self.input.shape[0], 1)  # the batch the model was built for
+            log.info("LiteRT cannot take a batch of %d (%s); running %d row(s) at a time", n, exc, rows)
+            self._it.resize_tensor_input(self._in, [rows, *self.input.shape[1:]], strict=False)
             self._it.allocate_tensors()
-            self._batch = 1
-            return False
+            self._batch = rows
+        return self._batch
 
     def _run(self, batch: Any) -> Any:
         self._it.set_tensor(self._in, batch)
@@ -96,8 +137,10 @@ class LiteRTBackend(ClassifierBackend):
         from devices.placement import Offload
 
         ops = self._it._get_ops_details()  # public API has no op list; stable across ai-edge-litert 1.x-2.x
-        on = sum(1 for op in ops if op.get("op_name") == DELEGATE_OP) if self._delegates else 0
-        return Offload("ops", on, len(ops))
+        library, xnnpack = _delegated(ops, self._library_nodes)
+        total = sum(1 for op in ops if op["op_name"] != DELEGATE_OP)
+        counts = {self._delegate or "": library, XNNPACK: xnnpack, "CPU": total - library - xnnpack}
+        return Offload("ops", library, total, by_device=tuple((k, n) for k, n in counts.items() if k and n), why=self._why)
 
     def tensor_bytes(self) -> int:
         """Bytes of all non-constant tensors at the current batch (the arena's upper bound)."""
@@ -114,3 +157,26 @@ class LiteRTBackend(ClassifierBackend):
         # The interpreter must go before the delegates it uses.
         self._it = None  # type: ignore[assignment]
         self._delegates.clear()
+
+
+def _delegated(ops: list[dict[str, Any]], library_nodes: int) -> tuple[int, int]:
+    """(ops taken by the delegate library, ops taken by XNNPACK).
+
+    A DELEGATE node stands for the original ops between its inputs and its outputs: walk back from its
+    outputs through the ops that produce them, stopping at its inputs."""
+    producer = {int(t): op["index"] for op in ops if op["op_name"] != DELEGATE_OP for t in op["outputs"]}
+    by_index = {op["index"]: op for op in ops}
+    taken: dict[int, bool] = {}  # original op index -> taken by the library (else by XNNPACK)
+    for node in ops:
+        if node["op_name"] != DELEGATE_OP:
+            continue
+        bound = {int(t) for t in node["inputs"]}
+        todo = [int(t) for t in node["outputs"]]
+        while todo:
+            op = producer.get(todo.pop())
+            if op is None or op in taken:
+                continue
+            taken[op] = node["index"] < library_nodes
+            todo.extend(int(t) for t in by_index[op]["inputs"] if int(t) not in bound and int(t) >= 0)
+    library = sum(taken.values())
+    return library, len(taken) - library

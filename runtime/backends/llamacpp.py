@@ -5,13 +5,24 @@ model, context and batch (closed through its ExitStack); this class owns the
 ``Llama`` and a sampler per generation, and exposes the primitives the engine
 needs. The engine (runtime/llm.py) decides what is in the KV cache; here we only
 keep llama-cpp-python's own token bookkeeping (``n_tokens``) in step with it.
+
+Where the layers went is measured, not inferred from what was asked: while the
+model loads, llama.cpp logs (at debug level) the device each layer, and the
+output layer, was assigned to, from the devices it really found. Its INFO line
+"offloaded X/Y layers to GPU" is no measure: it repeats min(n_gpu_layers, Y)
+whenever the build supports offload, even when no GPU device is present.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
-from collections.abc import Sequence
+import re
+import sys
+import threading
+from collections import Counter
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +43,35 @@ REPEAT_LAST_N = 64  # tokens the repeat penalty looks back over
 # it matches only when asked to parse special tokens (llama-vocab.cpp, tokenizer_st_partition).
 ATTR_SPECIAL = llama_cpp.LLAMA_TOKEN_ATTR_CONTROL | llama_cpp.LLAMA_TOKEN_ATTR_USER_DEFINED | llama_cpp.LLAMA_TOKEN_ATTR_UNKNOWN
 ATTR_PARSE_ONLY = llama_cpp.LLAMA_TOKEN_ATTR_CONTROL | llama_cpp.LLAMA_TOKEN_ATTR_UNKNOWN
+# llama-model.cpp, load_tensors: "layer %3d assigned to device %s, is_swa = %d" (one line per layer, output included)
+LAYER_DEVICE = re.compile(rb"layer +(\d+) assigned to device (\S+), is_swa")
+CPU_DEVICE = "CPU"  # ggml_backend_dev_name() of the CPU device
+_LOG_LOCK = threading.Lock()  # llama.cpp has one process-wide log callback
+
+
+@contextlib.contextmanager
+def _layer_devices(native_log: bool) -> Iterator[dict[int, str]]:
+    """Layer index -> device name, from llama.cpp's own log while the block runs (a model load).
+
+    llama-cpp-python's callback is put back afterwards; its log still reaches stderr with ``native_log``."""
+    devices: dict[int, str] = {}
+
+    @llama_cpp.llama_log_callback
+    def on_log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
+        found = LAYER_DEVICE.search(text or b"")
+        if found:
+            devices[int(found[1])] = found[2].decode("utf-8", "replace")
+        if native_log:
+            sys.stderr.write((text or b"").decode("utf-8", "replace"))
+
+    from llama_cpp import _logger
+
+    with _LOG_LOCK:
+        llama_cpp.llama_log_set(on_log, ctypes.c_void_p(0))
+        try:
+            yield devices
+        finally:
+            llama_cpp.llama_log_set(_logger.llama_log_callback, ctypes.c_void_p(0))
 
 
 def gpu_offload_supported() -> bool:
@@ -43,22 +83,23 @@ class LlamaCppBackend(LLMBackend):
 
     def __init__(self, path: Path, plan: MemoryPlan, *, threads: int, gpu_layers: int = 0, native_log: bool = False) -> None:
         try:
-            self._llm = Llama(
-                str(path),
-                n_ctx=plan.n_ctx,
-                n_batch=plan.n_batch,
-                n_ubatch=plan.n_ubatch,
-                n_threads=threads,
-                n_threads_batch=threads,
-                n_gpu_layers=gpu_layers,
-                use_mmap=True,
-                flash_attn=True,  # required for a quantized V cache; smaller compute buffers
-                swa_full=False,  # sliding-window layers keep window + ubatch cells (see runtime/plan.py)
-                type_k=plan.kv_type.ggml_type,
-                type_v=plan.kv_type.ggml_type,
-                last_n_tokens_size=REPEAT_LAST_N,
-                verbose=native_log,  # llama.cpp's own log (buffer sizes) on stderr
-            )
+            with _layer_devices(native_log) as self._layer_devices:
+                self._llm = Llama(
+                    str(path),
+                    n_ctx=plan.n_ctx,
+                    n_batch=plan.n_batch,
+                    n_ubatch=plan.n_ubatch,
+                    n_threads=threads,
+                    n_threads_batch=threads,
+                    n_gpu_layers=gpu_layers,
+                    use_mmap=True,
+                    flash_attn=True,  # required for a quantized V cache; smaller compute buffers
+                    swa_full=False,  # sliding-window layers keep window + ubatch cells (see runtime/plan.py)
+                    type_k=plan.kv_type.ggml_type,
+                    type_v=plan.kv_type.ggml_type,
+                    last_n_tokens_size=REPEAT_LAST_N,
+                    verbose=native_log,  # llama.cpp's own log (buffer sizes) on stderr
+                )
         except (ValueError, RuntimeError) as exc:
             raise BackendError(f"llama.cpp could not load {path}: {exc}") from None
         self._ctx = self._llm._ctx
@@ -68,6 +109,20 @@ class LlamaCppBackend(LLMBackend):
         self.gpu_offload = gpu_offload_supported()
         self._piece = ctypes.create_string_buffer(256)
         self._specials: tuple[SpecialToken, ...] | None = None
+
+    def offload(self) -> Any:
+        """:class:`devices.placement.Offload`: layers (the output layer counted) on a device other than the CPU."""
+        from devices.placement import Offload
+
+        model = self._llm._model.model
+        total = llama_cpp.llama_model_n_layer(model) + llama_cpp.llama_model_n_layer_nextn(model) + 1
+        if len(self._layer_devices) != total:
+            # This llama.cpp did not log its layer assignment: without GPU offload in the build nothing
+            # can have left the CPU; with it, the count is unknown and reported as such.
+            log.warning("llama.cpp reported the device of %d of %d layers", len(self._layer_devices), total)
+            return Offload("layers", 0, total, measured=not self.gpu_offload)
+        on = sum(1 for device in self._layer_devices.values() if device != CPU_DEVICE)
+        return Offload("layers", on, total, by_device=tuple(sorted(Counter(self._layer_devices.values()).items())))
 
     def close(self) -> None:
         llm, self._llm = getattr(self, "_llm", None), None

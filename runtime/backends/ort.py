@@ -1,26 +1,37 @@
 """ONNX Runtime backend: one InferenceSession per loaded .onnx model.
 
 Threads are ORT's intra-op threads; the execution providers come from the
-placement (CUDA/TensorRT, OpenVINO, QNN, then CPU). After load the session is
-asked which providers it really kept; ORT does not report node counts per
-provider through Python, so the offload is all nodes on the first provider when
-that provider is an accelerator's, else none.
+placement (CUDA/TensorRT, OpenVINO, QNN, then CPU). After load the session
+itself reports which provider each node of its optimized graph was assigned to
+(``session.record_ep_graph_assignment_info``): the offload is counted from
+that, per provider, whatever was asked for.
+
+ORT's own telemetry (a device id and an event database under
+``~/.cache/Microsoft/``, and uploads) is turned off by ``runtime/__init__.py``,
+which sets ``ORT_DISABLE_TELEMETRY`` before anything imports onnxruntime.
 """
 
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from runtime.backends.base import ClassifierBackend, TensorInfo
+from runtime.backends.base import ClassifierBackend, TensorInfo, one_line
 from runtime.errors import BadInput, MissingDependency
 from runtime.model_files import check_onnx
 
 log = logging.getLogger(__name__)
 INSTALL = "pip install onnxruntime==1.32.0"
 ORT_DTYPES = {"tensor(float)": "float32", "tensor(int8)": "int8", "tensor(uint8)": "uint8"}
+CPU_PROVIDER = "CPUExecutionProvider"
+# Session config keys (onnxruntime_session_options_config_keys.h).
+RECORD_ASSIGNMENT = "session.record_ep_graph_assignment_info"
+EXACT_U8S8 = "session.x64quantprecision"
+SPIN_KEYS = ("session.intra_op.allow_spinning", "session.inter_op.allow_spinning")
+ORT_ERRORS_ONLY, ORT_FATAL_ONLY = 3, 4  # OrtLoggingLevel
 
 
 def _ort():
@@ -39,67 +50,74 @@ def _info(arg: Any, path: Path) -> TensorInfo:
     return TensorInfo(arg.name, shape, dtype)
 
 
+def needs_exact_u8s8(cpu: Any) -> bool:
+    """Whether ORT must be asked for its exact uint8 x int8 kernels on this CPU (:class:`devices.cpu.CpuInfo`).
+
+    x86 CPUs without VNNI (AVX2, AVX-512 before VNNI) multiply uint8 activations by int8 weights with
+    VPMADDUBSW, whose 16-bit pair sums saturate: MobileNetV2 INT8 fell from 79 % to 65.5 % top-1 agreement
+    with float on such a machine. With VNNI (VPDPBUSD sums into 32 bits) or on ARM the fast kernel is already
+    exact, and the option only costs time: EfficientNet-Lite0 INT8 at 1 thread on an AVX-512 VNNI EPYC ran
+    11.6 ms with it and 5.6 ms without (11.5 ms in float)."""
+    return cpu.arch in ("x86_64", "i686") and not cpu.int8_dot
+
+
 class ORTBackend(ClassifierBackend):
     name = "ort"
 
-    def __init__(self, path: Path, *, threads: int, providers: Sequence[str] = ("CPUExecutionProvider",)) -> None:
+    def __init__(self, path: Path, *, threads: int, providers: Sequence[str] = (CPU_PROVIDER,), spin: bool = True,
+                 cpu: Any = None) -> None:
+        """``spin``: let idle worker threads spin-wait (off when the placement shares cores with other work).
+        ``cpu``: the :class:`devices.cpu.CpuInfo` whose features decide the INT8 kernels (default: this machine's)."""
         check_onnx(path)  # before the native parser sees the file
         ort = _ort()
+        if cpu is None:
+            from devices.cpu import read_cpu
+            from devices.rootfs import RootFS
+
+            cpu = read_cpu(RootFS.at("/"))
         options = ort.SessionOptions()
         options.intra_op_num_threads = threads
         options.inter_op_num_threads = 1
-        options.log_severity_level = 3  # errors only: ORT's warnings go to stderr bypassing logging
-        # x86 CPUs without VNNI (AVX2, AVX-512 before VNNI) multiply uint8 activations by int8 weights with
-        # VPMADDUBSW, whose 16-bit pair sums saturate: MobileNetV2 INT8 fell from 79 % to 65.5 % top-1
-        # agreement with float on such a machine. This makes ORT use exact uint8 x uint8 kernels there
-        # (slower); it changes nothing on VNNI or ARM CPUs, where the fast kernels are already exact.
-        options.add_session_config_entry("session.x64quantprecision", "1")
+        # ORT logs to stderr past Python's logging; its errors reach the user as our one-line BackendError.
+        options.log_severity_level = ORT_ERRORS_ONLY if log.isEnabledFor(logging.INFO) else ORT_FATAL_ONLY
+        options.add_session_config_entry(RECORD_ASSIGNMENT, "1")
+        if needs_exact_u8s8(cpu):
+            options.add_session_config_entry(EXACT_U8S8, "1")
+        if not spin:
+            for key in SPIN_KEYS:
+                options.add_session_config_entry(key, "0")
+        available = set(ort.get_available_providers())
+        kept = [p for p in providers if p in available] or [CPU_PROVIDER]
+        if len(kept) != len(providers):
+            log.info("onnxruntime here lacks %s; using %s", ", ".join(p for p in providers if p not in available), ", ".join(kept))
         try:
-            self._session = ort.InferenceSession(str(path), options, providers=list(providers) or ["CPUExecutionProvider"])
+            self._session = ort.InferenceSession(str(path), options, providers=kept)
         except Exception as exc:  # onnxruntime raises its own exception types (Fail, InvalidGraph, NotImplemented)
-            raise BadInput(f"{path}: ONNX Runtime cannot load the model ({type(exc).__name__}: {str(exc)[:400]})") from None
+            raise BadInput(f"{path}: ONNX Runtime cannot load the model ({type(exc).__name__}: {one_line(exc)})") from None
         inputs, outputs = self._session.get_inputs(), self._session.get_outputs()
         if len(inputs) != 1 or len(outputs) != 1:
             raise BadInput(f"{path}: a classifier has one input and one output; this model has {len(inputs)} and {len(outputs)}")
         self.input, self.output = _info(inputs[0], path), _info(outputs[0], path)
         self.providers = tuple(self._session.get_providers())
-        self._nodes = _count_nodes(path)
+        self._assigned: Counter[str] = Counter()
+        for subgraph in self._session.get_provider_graph_assignment_info():
+            self._assigned[subgraph.ep_name] += len(subgraph.get_nodes())
 
     def _run(self, batch: Any) -> Any:
         return self._session.run([self.output.name], {self.input.name: batch})[0]
 
+    def session_option(self, key: str) -> str | None:
+        """A session config entry as the session holds it (None when unset)."""
+        try:
+            return self._session.get_session_options().get_session_config_entry(key)
+        except RuntimeError:  # "SessionOptions does not have configuration with key"
+            return None
+
     def offload(self) -> Any:
         from devices.placement import Offload
 
-        on = self._nodes if self.providers and self.providers[0] != "CPUExecutionProvider" else 0
-        return Offload("nodes", on, self._nodes)
+        on = sum(n for provider, n in self._assigned.items() if provider != CPU_PROVIDER)
+        return Offload("nodes", on, sum(self._assigned.values()), by_device=tuple(sorted(self._assigned.items())))
 
     def close(self) -> None:
         self._session = None  # type: ignore[assignment]
-
-
-def _count_nodes(path: Path) -> int:
-    """Nodes in the main graph, from the protobuf wire format (no onnx package needed on the device)."""
-    from runtime.model_files import ONNX_GRAPH_FIELD, _varint
-
-    buf = path.read_bytes()
-    where = str(path)
-
-    def fields(start: int, end: int):
-        at = start
-        while at < end:
-            key, at = _varint(buf, at, where)
-            number, wire = key >> 3, key & 7
-            if wire == 2:
-                length, at = _varint(buf, at, where)
-                yield number, at, at + length
-                at += length
-            elif wire == 0:
-                _, at = _varint(buf, at, where)
-            else:
-                at += 8 if wire == 1 else 4
-
-    for number, start, end in fields(0, len(buf)):
-        if number == ONNX_GRAPH_FIELD:
-            return sum(1 for n, _, _ in fields(start, end) if n == 1)  # GraphProto.node = 1
-    return 0

@@ -115,6 +115,7 @@ def test_this_machine_llamacpp_gpu_falls_back():
         ({"backend": "null", "target": "cpu", "require_accelerator": True}, BadInput, "contradicts"),  # contradictory flags
         ({"backend": "null", "threads": 0}, BadInput, "threads=0"),  # zero threads
         ({"backend": "null", "n_layers": -1}, BadInput, "n_layers=-1"),  # negative layer count
+        ({"backend": "null", "busy_threads": -1}, BadInput, "busy_threads=-1"),  # negative busy threads
     ],
 )
 def test_bad_requests(kwargs, error, message):
@@ -164,9 +165,35 @@ def test_explicit_threads_win():
 
 def test_loaded_placement_reports_offload():
     p = resolve_placement("llamacpp", "gpu", machine=board("x86-server"), caps=LLAMA_CUDA, n_layers=18)
-    done = p.loaded(Offload(unit="layers", on_accelerator=19, total=19))
-    assert "19/19 layers on the accelerator" in done.summary()
-    assert done.to_dict()["offload"] == {"unit": "layers", "on_accelerator": 19, "total": 19}
+    done = p.loaded(Offload(unit="layers", on_accelerator=19, total=19, by_device=(("CUDA0", 19),)))
+    assert "19/19 layers on the accelerator (CUDA0 19)" in done.summary() and done.device == "cuda:0"
+    assert done.to_dict()["offload"] == {"unit": "layers", "on_accelerator": 19, "total": 19, "by_device": {"CUDA0": 19},
+                                         "measured": True, "why": None}
+
+
+def test_an_unmeasured_offload_says_so():
+    p = resolve_placement("llamacpp", "gpu", machine=board("x86-server"), caps=LLAMA_CUDA, n_layers=18)
+    done = p.loaded(Offload(unit="layers", on_accelerator=19, total=19, measured=False))
+    assert "19/19 layers on the accelerator (as requested; the backend did not report it)" in done.summary()
+
+
+@pytest.mark.parametrize(
+    "load1, busy_threads, threads, shares",
+    [
+        (0.2, 0, 4, False),  # idle Pi 5: the cores are ours, idle threads may spin
+        (2.6, 0, 1, True),  # three cores busy elsewhere: the one left is shared with their bursts
+        (0.2, 2, 2, True),  # a resident llama.cpp model runs 2 threads: 2 cores left, and no spinning beside it
+    ],
+)
+def test_shares_cores_follows_load_and_resident_threads(load1, busy_threads, threads, shares):
+    p = resolve_placement("null", "cpu", machine=_with_load(board("pi5"), load1), busy_threads=busy_threads)
+    assert (p.threads, p.shares_cores) == (threads, shares)
+    assert p.to_dict()["shares_cores"] is shares
+
+
+def test_explicit_threads_beyond_the_cores_share_them():
+    assert resolve_placement("null", "cpu", threads=8, machine=_with_load(board("pi5"), 0.0)).shares_cores
+    assert not resolve_placement("null", "cpu", threads=4, machine=_with_load(board("pi5"), 0.0)).shares_cores
 
 
 @pytest.mark.parametrize("fixture, slow", [("pi4-coral", True), ("pi5", False), ("x86-server", False)])

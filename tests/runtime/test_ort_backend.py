@@ -1,10 +1,13 @@
-"""The ONNX Runtime backend computes INT8 convolutions exactly on every x86 CPU.
+"""The ONNX Runtime backend computes INT8 convolutions exactly on every x86 CPU, and fast where that is free.
 
 Without VNNI, ORT's fast uint8 x int8 kernel adds pairs of products in 16 bits
 (VPMADDUBSW) and saturates: 255 * 127 * 2 = 64770 does not fit. The model below
 makes every pair saturate, so on such a CPU (AVX2 without VNNI, like the machine
 this was found on) the result halves unless the backend asks ORT for its exact
-kernels. On VNNI and ARM CPUs the test passes either way: it states the contract.
+kernels (``session.x64quantprecision``). With VNNI that option only doubles INT8
+latency, so it is set from the CPU's features: each branch is tested with faked
+features, reading the option back from the session itself, so the test fails on
+any machine when the choice is wrong.
 """
 
 from __future__ import annotations
@@ -13,7 +16,17 @@ from pathlib import Path
 
 import numpy as np
 
-from runtime.backends.ort import ORTBackend
+import pytest
+
+from devices.cpu import CpuInfo
+from runtime.backends.ort import EXACT_U8S8, ORTBackend
+
+AVX2 = CpuInfo("x86_64", "AMD EPYC 7R32", 2, 1, 1, ("avx", "avx2", "f16c", "fma"))  # the machine the saturation was found on
+AVX512 = CpuInfo("x86_64", "Intel Xeon Gold 6148", 2, 1, 1, ("avx", "avx2", "avx512", "fma"))  # Skylake: AVX-512, no VNNI
+VNNI = CpuInfo("x86_64", "AMD EPYC 9R14", 2, 1, 1, ("avx", "avx2", "avx512", "avx512_vnni", "fma"))
+AVX_VNNI = CpuInfo("x86_64", "Intel Core i5-12400", 2, 1, 1, ("avx", "avx2", "avx_vnni", "fma"))  # Alder Lake: VEX VNNI
+A76 = CpuInfo("aarch64", "Cortex-A76", 4, 4, 4, ("dotprod", "fp16", "neon"))
+A72 = CpuInfo("aarch64", "Cortex-A72", 4, 4, 4, ("neon",))  # no dotprod, but ARM's kernels do not saturate
 
 
 def _saturating_int8_conv(tmp_path: Path) -> Path:
@@ -45,9 +58,53 @@ def _saturating_int8_conv(tmp_path: Path) -> Path:
     return int8_path
 
 
-def test_int8_conv_does_not_saturate(tmp_path: Path) -> None:
+@pytest.mark.parametrize("cpu, exact", [(AVX2, True), (AVX512, True), (VNNI, False), (AVX_VNNI, False), (A76, False), (A72, False)],
+                         ids=["avx2", "avx512-no-vnni", "avx512-vnni", "avx-vnni", "a76", "a72"])
+def test_exact_int8_kernels_only_where_the_fast_ones_saturate(tmp_path: Path, cpu: CpuInfo, exact: bool) -> None:
+    path = _saturating_int8_conv(tmp_path)
+    with ORTBackend(path, threads=1, cpu=cpu) as backend:
+        assert backend.session_option(EXACT_U8S8) == ("1" if exact else None)
+        y = backend.run(np.ones((1, 64, 4, 4), np.float32))
+    if exact:  # the exact kernel gives the same answer on every CPU
+        # 64 channels of 1.0 x 1.0; the output's own uint8 step is 64/255. Saturated, it reads about 32.
+        np.testing.assert_allclose(y, 64.0, atol=0.5)
+
+
+def test_this_machine_gets_an_exact_result(tmp_path: Path) -> None:
+    # Whatever this CPU is, the features devices/ reads must lead to an unsaturated convolution.
     path = _saturating_int8_conv(tmp_path)
     with ORTBackend(path, threads=1) as backend:
         y = backend.run(np.ones((1, 64, 4, 4), np.float32))
-    # 64 channels of 1.0 x 1.0; the output's own uint8 step is 64/255. Saturated, it reads about 32.
     np.testing.assert_allclose(y, 64.0, atol=0.5)
+
+
+def _with_load(machine, load1: float):
+    import dataclasses
+
+    return dataclasses.replace(machine, live=dataclasses.replace(machine.live, load_avg=(load1, load1, load1)))
+
+
+@pytest.mark.parametrize("load1, spins", [(0.2, True), (2.6, False)], ids=["idle", "cores-busy"])
+def test_threads_spin_only_when_the_placement_has_the_cores_to_itself(tmp_path: Path, load1: float, spins: bool) -> None:
+    # Threads that spin while waiting take time from llama.cpp's threads (or anything else) on the same cores.
+    import os
+
+    from devices.capabilities import Backend, BackendCaps
+    from devices.machine import detect
+    from devices.placement import resolve_placement
+    from runtime.backends.ort import SPIN_KEYS
+    from runtime.bundle import Manifest
+    from runtime.classifier import open_backend
+    from runtime.resolve import ResolvedModel
+    from tests.devices.conftest import FIXTURES
+    from tests.runtime.modelgen import matmul_onnx
+
+    matmul_onnx(tmp_path / "model.onnx")
+    manifest = Manifest.from_dict({"format": "edgerun.bundle", "schema_version": 1, "kind": "vision", "backend": "ort",
+                                   "model_format": "onnx", "name": "m", "version": "1",
+                                   "files": [{"path": "model.onnx", "sha256": "0" * 64, "size": 1}], "vision": {"size": 8}})
+    caps = BackendCaps(Backend.ORT, installed=True, module="onnxruntime", providers=("CPUExecutionProvider",))
+    placement = resolve_placement("ort", "cpu", machine=_with_load(detect(os.path.join(FIXTURES, "pi5")), load1), caps=caps)
+    assert placement.shares_cores is not spins
+    with open_backend(ResolvedModel(manifest, tmp_path, "bundle-dir"), placement) as backend:
+        assert [backend.session_option(key) for key in SPIN_KEYS] == [None if spins else "0"] * 2  # unset: ORT spins
