@@ -109,7 +109,8 @@ def check_onnx(path: Path) -> None:
     try:
         onnx.checker.check_model(onnx.load_from_string(buf), full_check=False)
     except Exception as exc:
-        raise BadInput(f"{where}: ONNX checker rejects the model ({type(exc).__name__}: {str(exc)[:300]})") from None
+        why = " ".join(str(exc).split())[:300]  # the checker's messages span several lines
+        raise BadInput(f"{where}: ONNX checker rejects the model ({type(exc).__name__}: {why})") from None
 
 
 def _read(path: Path) -> bytes:

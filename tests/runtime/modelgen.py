@@ -11,45 +11,108 @@ from pathlib import Path
 import numpy as np
 
 
+def _tflite(path: Path, tensors: list[tuple[str, list[int], int, np.ndarray | None]],
+            ops: list[tuple[int, list[int], list[int], int, object]]) -> Path:
+    """A one-subgraph TFLite file. ``tensors``: (name, shape, TensorType, constant data or None); tensor 0 is the
+    input (any batch), the last the output. ``ops``: (BuiltinOperator, inputs, outputs, BuiltinOptions, options)."""
+    import flatbuffers
+    from ai_edge_litert import schema_py_generated as fb
+
+    model = fb.ModelT()
+    model.version, model.operatorCodes, model.buffers = 3, [], [fb.BufferT()]
+    graph = fb.SubGraphT()
+    graph.tensors, graph.operators = [], []
+    for name, shape, ttype, data in tensors:
+        t = fb.TensorT()
+        t.name, t.shape, t.type, t.buffer = name, shape, ttype, 0
+        if data is not None:
+            buffer = fb.BufferT()
+            buffer.data = np.ascontiguousarray(data).tobytes()
+            model.buffers.append(buffer)
+            t.buffer = len(model.buffers) - 1
+        graph.tensors.append(t)
+    graph.tensors[0].shapeSignature = [-1, *tensors[0][1][1:]]
+    graph.inputs, graph.outputs = [0], [len(tensors) - 1]
+    codes: list[int] = []
+    for builtin, inputs, outputs, options_type, options in ops:
+        if builtin not in codes:
+            code = fb.OperatorCodeT()
+            code.builtinCode = code.deprecatedBuiltinCode = builtin
+            model.operatorCodes.append(code)
+            codes.append(builtin)
+        op = fb.OperatorT()
+        op.opcodeIndex, op.inputs, op.outputs = codes.index(builtin), inputs, outputs
+        op.builtinOptionsType, op.builtinOptions = options_type, options
+        graph.operators.append(op)
+    model.subgraphs = [graph]
+    builder = flatbuffers.Builder(1024)
+    builder.Finish(model.Pack(builder), file_identifier=b"TFL3")
+    path.write_bytes(builder.Output())
+    return path
+
+
 def add_gather_tflite(path: Path, index: int = 1) -> Path:
     """float32 x (N, 4) -> ADD(x, x) -> GATHER(axis 1, constant indices [0, index]) -> y (N, 2).
 
     XNNPACK takes the ADD and leaves the GATHER to LiteRT's own kernel. An ``index`` of 4 or more is out of
     bounds: the file loads and allocates, and the GATHER fails when invoked."""
-    import flatbuffers
     from ai_edge_litert import schema_py_generated as fb
 
-    def tensor(name: str, shape: list[int], ttype: int = fb.TensorType.FLOAT32, buffer: int = 0) -> fb.TensorT:
-        t = fb.TensorT()
-        t.name, t.shape, t.type, t.buffer = name, shape, ttype, buffer
-        return t
-
-    def operator(code: int, inputs: list[int], outputs: list[int], options_type: int, options: object) -> fb.OperatorT:
-        op = fb.OperatorT()
-        op.opcodeIndex, op.inputs, op.outputs, op.builtinOptionsType, op.builtinOptions = code, inputs, outputs, options_type, options
-        return op
-
-    codes = []
-    for builtin in (fb.BuiltinOperator.ADD, fb.BuiltinOperator.GATHER):
-        code = fb.OperatorCodeT()
-        code.builtinCode = code.deprecatedBuiltinCode = builtin
-        codes.append(code)
-    indices = fb.BufferT()
-    indices.data = np.array([0, index], np.int32).tobytes()
     gather = fb.GatherOptionsT()
     gather.axis = 1
-    graph = fb.SubGraphT()
-    graph.tensors = [tensor("x", [1, 4]), tensor("twice", [1, 4]), tensor("indices", [2], fb.TensorType.INT32, 2), tensor("y", [1, 2])]
-    graph.tensors[0].shapeSignature = [-1, 4]  # any batch
-    graph.inputs, graph.outputs = [0], [3]
-    graph.operators = [operator(0, [0, 0], [1], fb.BuiltinOptions.AddOptions, fb.AddOptionsT()),
-                       operator(1, [1, 2], [3], fb.BuiltinOptions.GatherOptions, gather)]
-    model = fb.ModelT()
-    model.version, model.operatorCodes, model.subgraphs, model.buffers = 3, codes, [graph], [fb.BufferT(), fb.BufferT(), indices]
-    builder = flatbuffers.Builder(1024)
-    builder.Finish(model.Pack(builder), file_identifier=b"TFL3")
-    path.write_bytes(builder.Output())
-    return path
+    f32, i32 = fb.TensorType.FLOAT32, fb.TensorType.INT32
+    tensors = [("x", [1, 4], f32, None), ("twice", [1, 4], f32, None), ("indices", [2], i32, np.array([0, index], np.int32)),
+               ("y", [1, 2], f32, None)]
+    ops = [(fb.BuiltinOperator.ADD, [0, 0], [1], fb.BuiltinOptions.AddOptions, fb.AddOptionsT()),
+           (fb.BuiltinOperator.GATHER, [1, 2], [3], fb.BuiltinOptions.GatherOptions, gather)]
+    return _tflite(path, tensors, ops)
+
+
+CLASSES = 10
+PROJECTION = np.arange(3 * CLASSES, dtype=np.float32).reshape(CLASSES, 3) % 7 - 3  # channel means -> 10 logits
+
+
+def image_tflite(path: Path, size: int = 8) -> Path:
+    """float32 image (N, size, size, 3) -> MEAN over height and width -> FULLY_CONNECTED -> 10 logits."""
+    from ai_edge_litert import schema_py_generated as fb
+
+    mean = fb.ReducerOptionsT()
+    mean.keepDims = False
+    f32, i32 = fb.TensorType.FLOAT32, fb.TensorType.INT32
+    tensors = [("image", [1, size, size, 3], f32, None), ("axes", [2], i32, np.array([1, 2], np.int32)), ("means", [1, 3], f32, None),
+               ("weights", [CLASSES, 3], f32, PROJECTION), ("logits", [1, CLASSES], f32, None)]
+    ops = [(fb.BuiltinOperator.MEAN, [0, 1], [2], fb.BuiltinOptions.ReducerOptions, mean),
+           (fb.BuiltinOperator.FULLY_CONNECTED, [2, 3, -1], [4], fb.BuiltinOptions.FullyConnectedOptions, fb.FullyConnectedOptionsT())]
+    return _tflite(path, tensors, ops)
+
+
+def image_onnx(path: Path, size: int = 8) -> Path:
+    """float32 image (N, 3, size, size) -> mean over height and width -> MatMul -> 10 logits (image_tflite's numbers)."""
+    from onnx import helper
+
+    nodes = [helper.make_node("GlobalAveragePool", ["x"], ["pooled"]), helper.make_node("Flatten", ["pooled"], ["means"]),
+             helper.make_node("MatMul", ["means", "w"], ["y"])]
+    return onnx_model(path, nodes, ["N", 3, size, size], ["N", CLASSES], {"w": PROJECTION.T.copy()})
+
+
+def vision_bundle(directory: Path, fmt: str, size: int = 8) -> Path:
+    """A vision bundle folder around image_tflite / image_onnx: float input, stretch resize, 10 labels."""
+    import json
+
+    from runtime.bundle import sha256_file
+
+    directory.mkdir(parents=True)
+    model = (image_tflite if fmt == "tflite" else image_onnx)(directory / f"model.{fmt}", size)
+    labels = directory / "labels.txt"
+    labels.write_text("".join(f"class-{i}\n" for i in range(CLASSES)))
+    files = [{"path": f.name, "sha256": sha256_file(f)[0], "size": f.stat().st_size, "role": role}
+             for f, role in ((model, "weights"), (labels, "labels"))]
+    manifest = {"format": "edgerun.bundle", "schema_version": 1, "kind": "vision", "backend": "litert" if fmt == "tflite" else "ort",
+                "model_format": fmt, "name": f"tiny-{fmt}", "version": "1", "files": files,
+                "vision": {"size": size, "layout": "nhwc" if fmt == "tflite" else "nchw", "resize": "stretch", "labels": "labels.txt",
+                           "output_is_logits": True}}
+    (directory / "manifest.json").write_text(json.dumps(manifest))
+    return directory
 
 
 def onnx_model(path: Path, nodes: list, x_shape: list, y_shape: list, initializers: dict[str, np.ndarray]) -> Path:
