@@ -368,10 +368,11 @@ class ModelFormat(str, enum.Enum):
     GGUF = "gguf"
     TFLITE = "tflite"
     ONNX = "onnx"
+    NULL = "null"  # runtime/backends/null.py: a JSON description of the input and output tensors
 
 
 BACKEND_FORMAT = {BackendName.LLAMACPP: ModelFormat.GGUF, BackendName.LITERT: ModelFormat.TFLITE,
-                  BackendName.ORT: ModelFormat.ONNX}  # the one format each real backend loads
+                  BackendName.ORT: ModelFormat.ONNX, BackendName.NULL: ModelFormat.NULL}  # the one format each backend loads
 
 MAX_JSON_DEPTH = 32  # objects and arrays inside each other; an honest manifest nests 4 deep
 MAX_INT_DIGITS = 20  # 2^64 - 1 has 20 digits; no manifest integer is larger

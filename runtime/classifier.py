@@ -31,6 +31,7 @@ DEFAULT_TOP_K = 5
 BACKENDS = {
     BackendName.LITERT: ("runtime.backends.litert", "LiteRTBackend"),
     BackendName.ORT: ("runtime.backends.ort", "ORTBackend"),
+    BackendName.NULL: ("runtime.backends.null", "NullBackend"),
 }
 QUANT_TOLERANCE = 1e-3  # relative: the manifest's scale against the model's own
 
@@ -54,8 +55,10 @@ def open_backend(model: ResolvedModel, placement: Any) -> ClassifierBackend:
     path = model.path("weights")
     if backend is BackendName.LITERT:
         return factory(path, threads=placement.threads, delegate=placement.delegate)
-    return factory(path, threads=placement.threads, providers=placement.providers or ("CPUExecutionProvider",),
-                   spin=not placement.shares_cores)
+    if backend is BackendName.ORT:
+        return factory(path, threads=placement.threads, providers=placement.providers or ("CPUExecutionProvider",),
+                       spin=not placement.shares_cores)
+    return factory(path, threads=placement.threads)
 
 
 def _check_quant(ref: str, what: str, declared: TensorQuant, dtype: str, scale: float, zero: int) -> None:

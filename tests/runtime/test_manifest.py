@@ -90,7 +90,7 @@ HOSTILE_VALUES = [
     # llama.cpp's context fields are 32-bit
     (LLM, "llm.context_length", 2**32, "context_length 4294967296 must be in [1, 2147483647] tokens"),
     # a format no backend loads, and a format the named backend does not load
-    (VISION, "model_format", "pickle", "model_format 'pickle' is not valid (valid: gguf, tflite, onnx)"),
+    (VISION, "model_format", "pickle", "model_format 'pickle' is not valid (valid: gguf, tflite, onnx, null)"),
     (VISION, "model_format", "tflite", "backend 'ort' loads onnx models, not model_format 'tflite'"),
     # str() of anything was taken for a string
     (VISION, "license", {"spdx": "MIT"}, "field 'license' must be str, got dict"),
