@@ -1,10 +1,12 @@
 """Audio in: WAV files -> samples at the model's rate -> the model's feature front end -> model inputs.
 
-WAV files are read with the standard library (PCM 8/16/24/32-bit, any channel
-count, mixed down to mono) and checked before anything else sees them: not a
-RIFF/WAVE file, a compressed format, no samples, or longer than
-:data:`MAX_SECONDS` is one clear error. A file at another sample rate is
-resampled (band-limited, by FFT) and the result says so.
+WAV files are read by :mod:`runtime.wav` (PCM 8/16/24/32-bit, any channel
+count, mixed down to mono; checked before anything else sees them) a block at a
+time, and a file at another sample rate is resampled on the way
+(:mod:`runtime.resample`, band-limited, in bounded chunks), so reading holds the
+clip at the model's rate and a fixed working set, never the file's samples in
+float (:func:`reading_bytes` is what the memory plan counts). The result says
+when it was resampled.
 
 Front ends (``AudioSpec.frontend``) turn samples into the classifier's input
 windows, one row per position in the audio:
@@ -23,7 +25,7 @@ windows, one row per position in the audio:
 from __future__ import annotations
 
 import enum
-import wave
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,8 +33,12 @@ from typing import Any
 import numpy as np
 
 from runtime.errors import BadInput
+from runtime.resample import output_length, resample, resample_into
+from runtime.resample import working_bytes as resample_working_bytes
+from runtime.wav import MAX_SECONDS, WavInfo, WavReader, wav_info, write_wav
 
-MAX_SECONDS = 600
+__all__ = ["MAX_SECONDS", "Audio", "FrontEnd", "WavInfo", "load_audio", "read_wav", "reading_bytes", "resample",
+           "wav_files", "wav_info", "write_wav"]
 WAV_SUFFIXES = (".wav", ".wave")
 
 
@@ -61,111 +67,50 @@ class Audio:
         return len(self.samples) / self.rate
 
 
-@dataclass(frozen=True)
-class WavInfo:
-    channels: int
-    width: int  # bytes per sample
-    rate: int
-    frames: int
-
-    @property
-    def working_bytes(self) -> int:
-        """Memory to read and prepare the file: its raw bytes, the mono float32 samples and two float copies."""
-        return self.frames * (self.channels * self.width + 12)
+def clip_bytes(info: WavInfo, rate: int) -> int:
+    """The clip that :func:`load_audio` returns: float32 samples at ``rate``."""
+    return 4 * (info.frames if info.rate == rate else output_length(info.frames, info.rate, rate))
 
 
-def _open(path: Path) -> Any:
-    try:
-        with path.open("rb") as f:
-            head = f.read(12)
-    except OSError as exc:
-        raise BadInput(f"{path}: cannot read the audio file ({exc.strerror or exc})") from None
-    if len(head) < 12 or head[:4] != b"RIFF" or head[8:12] != b"WAVE":
-        raise BadInput(f"{path}: not a WAV file (expected a RIFF/WAVE header); give 8/16/24/32-bit PCM .wav files")
-    try:
-        return wave.open(str(path), "rb")
-    except wave.Error as exc:
-        raise BadInput(f"{path}: not a PCM WAV file this can read ({exc}); give 8/16/24/32-bit integer PCM") from None
-    except EOFError:
-        raise BadInput(f"{path}: the WAV file is truncated") from None
-
-
-def wav_info(path: Path | str, w: Any = None) -> WavInfo:
-    """The header, checked (RIFF/WAVE, PCM, rate, not empty, not longer than MAX_SECONDS), without reading samples."""
-    path = Path(path)
-    if w is None:
-        with _open(path) as opened:
-            return wav_info(path, opened)
-    info = WavInfo(w.getnchannels(), w.getsampwidth(), w.getframerate(), w.getnframes())
-    if not 1000 <= info.rate <= 384_000:
-        raise BadInput(f"{path}: sample rate {info.rate} Hz is not valid (1000..384000)")
-    if info.frames == 0:
-        raise BadInput(f"{path}: the WAV file holds no samples")
-    if info.frames > MAX_SECONDS * info.rate:
-        raise BadInput(f"{path}: {info.frames / info.rate:.0f} s of audio is longer than the {MAX_SECONDS} s this reads at once")
-    return info
+def reading_bytes(infos: Sequence[WavInfo], rate: int) -> int:
+    """Memory to read ``infos`` for a model at ``rate`` Hz when every clip is read before any is classified: all the
+    clips at that rate, plus the largest working set of decoding (one block) and resampling (one chunk)."""
+    if not infos:
+        return 0
+    work = max(i.block_working_bytes + resample_working_bytes(i.rate, rate) for i in infos)
+    return sum(clip_bytes(i, rate) for i in infos) + work
 
 
 def read_wav(path: Path | str) -> tuple[np.ndarray, int]:
     """Mono float32 samples in -1..1 and the file's sample rate."""
-    path = Path(path)
-    with _open(path) as w:
-        info = wav_info(path, w)
-        try:
-            raw = w.readframes(info.frames)
-        except (wave.Error, EOFError):
-            raise BadInput(f"{path}: the WAV file is truncated") from None
-    channels, width, rate = info.channels, info.width, info.rate
-    n = len(raw) // (width * channels)
-    if n == 0:
-        raise BadInput(f"{path}: the WAV file is truncated (no whole sample frames)")
-    raw = raw[: n * width * channels]
-    if width == 1:
-        x = (np.frombuffer(raw, np.uint8).astype(np.float32) - 128.0) / 128.0
-    elif width == 2:
-        x = np.frombuffer(raw, "<i2").astype(np.float32) / 32768.0
-    elif width == 3:
-        b = np.frombuffer(raw, np.uint8).reshape(-1, 3).astype(np.int32)
-        x = (((b[:, 0] | (b[:, 1] << 8) | (b[:, 2] << 16)) << 8) >> 8).astype(np.float32) / 8388608.0
-    elif width == 4:
-        x = np.frombuffer(raw, "<i4").astype(np.float32) / 2147483648.0
-    else:
-        raise BadInput(f"{path}: {width * 8}-bit samples are not supported (8, 16, 24 or 32-bit PCM)")
-    return x.reshape(n, channels).mean(axis=1).astype(np.float32), rate
+    with WavReader(path) as wav:
+        out = np.empty(wav.info.frames, np.float32)
+        _fill(out, wav.blocks())
+        return out, wav.info.rate
 
 
-def resample(x: np.ndarray, src: int, dst: int) -> np.ndarray:
-    """Band-limited resampling by FFT (the spectrum truncated or zero-padded), for clips."""
-    if src == dst:
-        return x
-    n = max(1, round(len(x) * dst / src))
-    spectrum = np.fft.rfft(x.astype(np.float64))
-    keep = n // 2 + 1
-    if keep <= len(spectrum):
-        spectrum = spectrum[:keep]
-    else:
-        spectrum = np.concatenate([spectrum, np.zeros(keep - len(spectrum), spectrum.dtype)])
-    return (np.fft.irfft(spectrum, n) * (n / len(x))).astype(np.float32)
+def _fill(out: np.ndarray, blocks: Any) -> None:
+    at = 0
+    for block in blocks:
+        out[at : at + len(block)] = block
+        at += len(block)
 
 
 def load_audio(path: Path | str, rate: int) -> Audio:
-    x, file_rate = read_wav(path)
-    if file_rate == rate:
-        return Audio(x, rate)
-    return Audio(np.clip(resample(x, file_rate, rate), -1.0, 1.0), rate, resampled_from=file_rate)
+    """The file's samples at ``rate`` Hz, resampled block by block when the file has another rate."""
+    with WavReader(path) as wav:
+        info = wav.info
+        out = np.empty(clip_bytes(info, rate) // 4, np.float32)
+        if info.rate == rate:
+            _fill(out, wav.blocks())
+            return Audio(out, rate)
+        resample_into(wav.blocks(), info.rate, rate, out)
+    np.clip(out, -1.0, 1.0, out=out)
+    return Audio(out, rate, resampled_from=info.rate)
 
 
 def wav_files(folder: Path) -> list[Path]:
     return sorted(p for p in folder.rglob("*") if p.is_file() and p.suffix.lower() in WAV_SUFFIXES)
-
-
-def write_wav(path: Path, x: np.ndarray, rate: int) -> None:
-    """16-bit mono PCM (tests, tools)."""
-    with wave.open(str(path), "wb") as w:
-        w.setnchannels(1)
-        w.setsampwidth(2)
-        w.setframerate(rate)
-        w.writeframes((np.clip(x, -1.0, 1.0) * 32767).astype("<i2").tobytes())
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ with the manifest's threshold.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from runtime import preprocess
-from runtime.audio import Audio, FrontEnd, load_audio, open_frontend
+from runtime.audio import Audio, FrontEnd, WavInfo, load_audio, open_frontend, reading_bytes
 from runtime.backends.base import ClassifierBackend
 from runtime.bundle import AudioSpec, ModelKind
 from runtime.classifier import _check_quant, open_backend, time_calls
@@ -74,8 +74,11 @@ class AudioClassifier:
 
     @classmethod
     def load(cls, ref: str, *, threads: int | None = None, target: str = "auto", require_accelerator: bool = False,
-             memory: int | None = None, batch: int = 1, resident_bytes: int = 0, input_bytes: int = 0) -> AudioClassifier:
-        """``input_bytes``: the longest input's reading cost (:attr:`runtime.audio.WavInfo.working_bytes`), when known."""
+             memory: int | None = None, batch: int = 1, resident_bytes: int = 0, input_bytes: int = 0,
+             inputs: Sequence[WavInfo] = ()) -> AudioClassifier:
+        """``inputs``: the checked headers of the files to classify, when known: the plan counts reading them
+        (:func:`runtime.audio.reading_bytes`: every clip at the model's rate, one block and one resampling chunk);
+        ``input_bytes``: any other input memory to count."""
         from devices.placement import resolve_placement
         from runtime.plan import default_budget
 
@@ -88,7 +91,7 @@ class AudioClassifier:
         weights = manifest.file("weights").size + sum(f.stat().st_size for f in files)
         # the model's batch is a segment's windows, whatever the number of files
         plan = plan_classifier(manifest, weights, memory or default_budget(), batch=SEGMENT_WINDOWS, resident_bytes=resident_bytes,
-                               input_bytes=input_bytes + segment_bytes(spec))
+                               input_bytes=input_bytes + reading_bytes(inputs, spec.sample_rate) + segment_bytes(spec))
         placement = resolve_placement(manifest.backend.value, target, require_accelerator=require_accelerator, threads=threads,
                                       int8=spec.quantization == "int8")
         labels = preprocess.read_labels(model.directory / spec.labels) if spec.labels else []
@@ -99,7 +102,7 @@ class AudioClassifier:
             frontend.close()
             raise
         try:
-            placement = placement.loaded(backend.offload())
+            placement = placement.loaded(backend.offload(), require_accelerator=require_accelerator)
             log.info("%s", placement.summary())
             return cls(model, backend, frontend, placement, plan, labels)
         except BaseException:

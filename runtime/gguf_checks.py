@@ -130,7 +130,8 @@ def check_architecture(info: GGUFInfo) -> None:
         if n_layer and isinstance(value, list) and len(value) != n_layer:
             raise _fail(info, f"{arch}.{key} has {len(value)} entries for {n_layer} layers (one per layer, or one value)")
     for key in COUNT_KEYS:
-        _bounded(info, key, 1 if key == "context_length" else 0, INT32_MAX, "llama.cpp keeps it in a 32-bit field, the training context as int32")
+        _bounded(info, key, 1 if key == "context_length" else 0, INT32_MAX,
+                 "llama.cpp keeps it in a 32-bit field, the training context as int32")
     largest = max((max(t.shape) for t in info.tensors), default=INT32_MAX)
     for key in DIMENSION_KEYS:
         _bounded(info, key, 1 if key == "embedding_length" else 0, min(largest, INT32_MAX),

@@ -47,7 +47,7 @@ class ClassifierPlan:
     resident_bytes: int  # other models already loaded under the same budget
     budget_bytes: int
     arena_measured: bool
-    input_bytes: int = 0  # audio: reading the longest input file and one segment's working set
+    input_bytes: int = 0  # audio: the clips at the model's rate, reading one of them, and one segment's working set
 
     @property
     def total_bytes(self) -> int:
@@ -70,7 +70,7 @@ class ClassifierPlan:
         rows = [
             ("weights (model files)", self.weights_bytes),
             (f"arena (batch {self.batch}{'' if self.arena_measured else ', estimated'})", self.arena_bytes),
-            ("inputs (longest file, one segment)", self.input_bytes),
+            ("inputs (clips, reading, one segment)", self.input_bytes),
             (f"runtime ({self.backend}{'' if self.runtime_bytes == RUNTIME_BYTES[BackendName(self.backend)] else ' + ort'})",
              self.runtime_bytes),
             ("total", self.total_bytes),

@@ -21,7 +21,7 @@ def main(args: argparse.Namespace, resolved: ResolvedModel) -> int:
         from runtime.audio_classifier import AudioClassifier
 
         loader = AudioClassifier.load
-        extra["input_bytes"] = max(wav_info(p).working_bytes for p in args.input)  # headers checked before loading
+        extra["inputs"] = [wav_info(p) for p in args.input]  # headers checked before loading; the plan counts reading them
     else:
         loader = Classifier.load  # type: ignore[assignment]
     with loader(
