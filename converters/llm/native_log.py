@@ -5,7 +5,8 @@ sizes) to fd 2 directly and through llama-cpp-python's log callback, which
 prints to ``sys.stderr`` and re-enables itself whenever a ``Llama`` is built.
 Inside :func:`native_output_to_log` both go to a temporary file whose lines are
 logged at DEBUG afterwards (``edgerun -v`` plus a DEBUG logger shows them). The
-context yields a stream on the real stderr for the progress bars.
+context yields a stream on the real stderr for the progress bars; a caller
+that needs llama.cpp's words (the reason a load failed) passes ``lines``.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ def _is_fd2(stream: TextIO) -> bool:
 
 
 @contextlib.contextmanager
-def native_output_to_log() -> Iterator[TextIO]:
+def native_output_to_log(lines: list[str] | None = None) -> Iterator[TextIO]:
     original = sys.stderr
     original.flush()
     saved = os.dup(2)
@@ -54,3 +55,5 @@ def native_output_to_log() -> Iterator[TextIO]:
             for line in captured.read().decode("utf-8", "replace").splitlines():
                 if line.strip():
                     log.debug("llama.cpp: %s", line.strip())
+                    if lines is not None:
+                        lines.append(line.strip())

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from converters.llm.checkpoint import HFCheckpoint
 from converters.llm.gguf_export import write_gguf
+from converters.llm.loadcheck import check_loads
 from converters.llm.options import ConvertOptions, Quant
 from converters.llm.quality import DEFAULT_TEXT, QualityReport, evaluate, plot_kl, require_plotting
 from converters.llm.quantize import quantize
@@ -92,6 +93,7 @@ def convert(opts: ConvertOptions) -> Conversion:
             base = Quant.F32 if opts.quant == Quant.F32 else Quant.F16
             write_gguf(ckpt, vocab, f16, base, name=name, progress=opts.progress)
             arch = ckpt.arch.name
+        check_loads(f16)
         stages["gguf"] = time.monotonic() - t0
         if f16 != weights:
             t0 = time.monotonic()

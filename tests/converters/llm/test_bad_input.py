@@ -53,6 +53,22 @@ def _pre_tokenizer(d: Path) -> None:
     (d / "tokenizer.json").write_text(json.dumps(tj))
 
 
+def _edit_tokenizer_json(change):
+    def edit(d: Path) -> None:
+        tj = json.loads((d / "tokenizer.json").read_text())
+        change(tj)
+        (d / "tokenizer.json").write_text(json.dumps(tj))
+    return edit
+
+
+def _lowercase_first(tj: dict) -> None:
+    tj["normalizer"] = {"type": "Sequence", "normalizers": [{"type": "Lowercase"}, tj["normalizer"]]}
+
+
+def _added_token_reuses_a_text(tj: dict) -> None:
+    tj["added_tokens"][-1]["content"] = "a"  # a text the BPE vocabulary has under another id
+
+
 def _sentencepiece_only(d: Path) -> None:
     (d / "tokenizer.json").unlink()
     (d / "tokenizer.model").write_bytes(b"\x0a\x00")
@@ -82,7 +98,12 @@ CASES = [
     # A tokenizer.json that is not JSON.
     ("unreadable-tokenizer", lambda d: (d / "tokenizer.json").write_text("{not json"), [], 2, "unreadable tokenizer"),
     # A pre-tokenizer llama.cpp does not implement: converting would silently tokenize differently.
-    ("unknown-pre-tokenizer", _pre_tokenizer, [], 2, "supported: gpt2, smollm, llama-bpe, qwen2"),
+    ("unknown-pre-tokenizer", _pre_tokenizer, [], 2, "matches none of gpt-2, smollm, llama-bpe, qwen2"),
+    # A SentencePiece-style tokenizer.json whose normalizer also lowercases: llama.cpp's SentencePiece would not.
+    ("spm-json-normalizer", _edit_tokenizer_json(_lowercase_first), [], 2,
+     "does more than llama.cpp's SentencePiece tokenizer", "gemma3-json"),
+    # One text under two ids: llama.cpp would abort the process while loading the vocabulary.
+    ("duplicate-token-text", _edit_tokenizer_json(_added_token_reuses_a_text), [], 2, "appear more than once"),
     # A damaged SentencePiece tokenizer.model (it takes precedence over tokenizer.json).
     ("broken-sentencepiece", _sentencepiece_only, [], 2, "unreadable SentencePiece tokenizer.model"),
     # An evaluation text that is not UTF-8.
@@ -111,6 +132,18 @@ def test_bad_input_one_line_and_nothing_left(case, tiny_copy, tmp_path: Path, ca
     err = capsys.readouterr().err.strip()
     assert rc == code, err
     assert len(err.splitlines()) == 1 and fragment in err, err
+    assert list(outdir.iterdir()) == []
+
+
+def test_a_name_llama_cpp_refuses_stops_the_conversion(tiny_copy, tmp_path: Path, capsys, monkeypatch) -> None:
+    # The check before publishing: a tokenizer.ggml.pre the pinned llama.cpp does not know ("gpt2", the name
+    # this converter once wrote for a plain byte-level pre-tokenizer) ends the conversion with llama.cpp's reason.
+    monkeypatch.setattr("converters.llm.vocab.pre_tokenizer_name", lambda path: "gpt2")
+    outdir = tmp_path / "out"
+    outdir.mkdir()
+    rc = cli(["convert", "llm", str(tiny_copy()), "--quant", "q8_0", "--out", str(outdir / "m.edgerun")])
+    err = capsys.readouterr().err.strip()
+    assert rc == 6 and len(err.splitlines()) == 1 and "unknown pre-tokenizer type: 'gpt2'" in err, err
     assert list(outdir.iterdir()) == []
 
 

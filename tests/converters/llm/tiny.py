@@ -12,7 +12,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from converters.llm.vocab import LLAMA3_REGEX, QWEN2_REGEX
+# The pre-tokenizer regexes as Llama 3 and Qwen2 ship them in tokenizer.json (llama.cpp runs adapted forms).
+LLAMA3_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+                r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+QWEN2_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+               r"|\s*[\r\n]+|\s+(?!\S)|\s+")
 
 CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
                  "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
@@ -39,11 +43,14 @@ class TinySpec:
     pre: str  # llama.cpp pre-tokenizer name the tokenizer is built to match
     config: dict[str, Any] = field(default_factory=dict)
     pad_vocab: int = 0  # embedding rows beyond the tokenizer (padded vocabularies)
+    json_only: bool = False  # SentencePiece: keep only what transformers 5 re-saves (tokenizer.json, no tokenizer.model)
 
 
 SPECS = [
     # SmolLM2 layout: tied embeddings, grouped-query attention, digits split one by one.
     TinySpec("llama-smollm", "LlamaForCausalLM", "smollm", {"tie_word_embeddings": True}),
+    # A plain byte-level pre-tokenizer (GPT-2's regex): llama.cpp calls it gpt-2.
+    TinySpec("llama-gpt2", "LlamaForCausalLM", "gpt-2", {"tie_word_embeddings": True}),
     # Llama 3.x layout: llama3 rope scaling (rope_freqs tensor), untied head, padded vocabulary.
     TinySpec("llama3", "LlamaForCausalLM", "llama-bpe", {
         "tie_word_embeddings": False, "rope_theta": 500000.0,
@@ -58,11 +65,22 @@ SPECS = [
     TinySpec("gemma3", "Gemma3ForCausalLM", "spm-gemma", {
         "num_hidden_layers": 6, "head_dim": 16, "query_pre_attn_scalar": 16, "sliding_window": 16,
         "rope_theta": 1000000.0}),
+    # The same two SentencePiece layouts as transformers 5 re-saves them: tokenizer.json only (byte-fallback BPE;
+    # Gemma: Replace normalizer, no space prefix; Llama: Metaspace pre-tokenizer with a space prefix).
+    TinySpec("gemma3-json", "Gemma3ForCausalLM", "spm-gemma", {
+        "num_hidden_layers": 6, "head_dim": 16, "query_pre_attn_scalar": 16, "sliding_window": 16,
+        "rope_theta": 1000000.0}, json_only=True),
+    TinySpec("llama-spm-json", "LlamaForCausalLM", "spm", {"tie_word_embeddings": False, "num_key_value_heads": 4},
+             json_only=True),
 ]
 
 
-def build_sentencepiece(out: Path, vocab_size: int = 700, gemma: bool = False) -> Any:
-    """Train a Llama- or Gemma-style SentencePiece BPE (byte fallback, split digits); save tokenizer.model and HF files."""
+def build_sentencepiece(out: Path, vocab_size: int = 700, gemma: bool = False, json_only: bool = False) -> Any:
+    """Train a Llama- or Gemma-style SentencePiece BPE (byte fallback, split digits); save tokenizer.model and HF files.
+
+    ``json_only``: then load it with AutoTokenizer and save it again, as a transformers 5 user would have it
+    (tokenizer.json without tokenizer.model).
+    """
     import io
     import json
 
@@ -86,20 +104,26 @@ def build_sentencepiece(out: Path, vocab_size: int = 700, gemma: bool = False) -
     tok = AutoTokenizer.from_pretrained(out)
     tok.chat_template = CHAT_TEMPLATE
     tok.save_pretrained(out)  # writes tokenizer.json too; tokenizer.model stays, as in real Llama 2 checkpoints
+    if json_only:
+        tok = AutoTokenizer.from_pretrained(out)
+        for p in out.iterdir():
+            p.unlink()
+        tok.save_pretrained(out)
+        assert not (out / "tokenizer.model").exists()
     return tok
 
 
-def build_tokenizer(pre: str, out: Path, vocab_size: int = 700) -> Any:
+def build_tokenizer(pre: str, out: Path, vocab_size: int = 700, json_only: bool = False) -> Any:
     """Train a byte-level BPE whose pre-tokenizer is the HF form of llama.cpp's ``pre``; save to ``out``."""
     if pre in ("spm", "spm-gemma"):
-        return build_sentencepiece(out, vocab_size, gemma=pre == "spm-gemma")
+        return build_sentencepiece(out, vocab_size, gemma=pre == "spm-gemma", json_only=json_only)
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
-    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=pre in ("gpt2", "smollm"))
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=pre in ("gpt-2", "smollm"))
     steps = {
-        "gpt2": [byte_level],
+        "gpt-2": [byte_level],
         "smollm": [pre_tokenizers.Digits(individual_digits=True), byte_level],
         "llama-bpe": [pre_tokenizers.Split(Regex(LLAMA3_REGEX), behavior="isolated"), byte_level],
         "qwen2": [pre_tokenizers.Split(Regex(QWEN2_REGEX), behavior="isolated"), byte_level],
@@ -122,7 +146,7 @@ def build_checkpoint(spec: TinySpec, out: Path, seed: int = 0) -> tuple[Any, Any
     import torch
     import transformers
 
-    tok = build_tokenizer(spec.pre, out)
+    tok = build_tokenizer(spec.pre, out, json_only=spec.json_only)
     torch.manual_seed(seed)
     config_name = {"Gemma3ForCausalLM": "Gemma3TextConfig"}.get(spec.model_class, spec.model_class.replace("ForCausalLM", "Config"))
     cfg_cls = getattr(transformers, config_name)
