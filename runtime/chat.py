@@ -1,7 +1,9 @@
 """Chat: render the model's own chat template and keep the conversation in context.
 
 The template is the Jinja2 text shipped in the GGUF (``tokenizer.chat_template``),
-rendered in a sandbox. When a conversation no longer fits, the oldest turns are
+rendered in a bounded sandbox (runtime/chat_template.py). Only the template's own
+markers become control tokens; message content is tokenized as text
+(runtime/chat_tokens.py). When a conversation no longer fits, the oldest turns are
 dropped (never the system prompt) and the drop is reported; the engine then
 shifts the cached turns that remain instead of recomputing them.
 """
@@ -11,7 +13,9 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
-from runtime.errors import BadInput, missing
+from runtime.chat_template import ChatTemplate
+from runtime.chat_tokens import ChatTokenizer
+from runtime.errors import BadInput
 from runtime.prefix_cache import common_prefix
 from runtime.sampling import SamplingParams
 
@@ -20,27 +24,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 ROLES = ("system", "user", "assistant")
-
-
-class ChatTemplate:
-    def __init__(self, source: str, bos: str, eos: str) -> None:
-        try:
-            from jinja2.sandbox import ImmutableSandboxedEnvironment
-        except ImportError:
-            raise missing("jinja2", "llm") from None
-
-        def raise_exception(message: str) -> None:
-            raise BadInput(f"chat template refused the conversation: {message}")
-
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-        env.globals["raise_exception"] = raise_exception
-        self._template = env.from_string(source)
-        self.bos, self.eos = bos, eos
-
-    def render(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
-        return self._template.render(
-            messages=messages, add_generation_prompt=add_generation_prompt, bos_token=self.bos, eos_token=self.eos
-        )
 
 
 def check_messages(messages: Any) -> list[dict[str, str]]:
@@ -63,8 +46,14 @@ def template_for(llm: LLM) -> ChatTemplate:
                 f"{llm.model.manifest.ref} has no chat template (a base model); use 'edgerun run --prompt' to continue text"
             )
         meta = llm.backend
-        llm._template = ChatTemplate(spec.chat_template, meta.special_text("bos"), meta.special_text("eos"))
+        llm._template = ChatTemplate(spec.chat_template, meta.special_text("bos"), meta.special_text("eos"), llm.model.manifest.ref)
     return llm._template
+
+
+def tokenizer_for(llm: LLM) -> ChatTokenizer:
+    if llm._chat_tokenizer is None:
+        llm._chat_tokenizer = ChatTokenizer(llm.backend)
+    return llm._chat_tokenizer
 
 
 def start_chat(llm: LLM, messages: list[dict[str, str]], params: SamplingParams) -> Generation:
@@ -101,9 +90,9 @@ def start_chat(llm: LLM, messages: list[dict[str, str]], params: SamplingParams)
 
 
 def _tokens(llm: LLM, template: ChatTemplate, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> list[int]:
-    text = template.render(messages, add_generation_prompt)
+    text, parts, exact = template.render_parts(messages, add_generation_prompt)
     add_bos = not (template.bos and text.startswith(template.bos))
-    return llm.backend.tokenize(text, add_bos=add_bos, special=True)
+    return tokenizer_for(llm).encode_chat(text, parts, exact, add_bos=add_bos)
 
 
 class ChatSession:

@@ -194,6 +194,7 @@ class LLM:
         assert spec is not None
         self.defaults = SamplingParams.from_defaults(spec.sampling)
         self._template = None
+        self._chat_tokenizer = None
 
     @property
     def n_ctx(self) -> int:
