@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import codecs
 import logging
+import secrets
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
@@ -26,7 +27,7 @@ from runtime.metrics import peak_rss_bytes
 from runtime.plan import KVType, MemoryPlan, default_budget
 from runtime.prefix_cache import PrefixCache
 from runtime.resolve import ResolvedModel, resolve
-from runtime.sampling import SamplingParams
+from runtime.sampling import SEED_MAX, SamplingParams
 from runtime.units import parse_size
 
 log = logging.getLogger(__name__)
@@ -48,6 +49,7 @@ class Result:
     tokens_in: int
     tokens_out: int
     stop_reason: str  # "eos", "stop" or "length"
+    seed: int  # the sampler's seed: the one asked for, or the fresh one drawn for this request
     ttft_ms: float
     prefill_tps: float  # prompt tokens actually computed per second
     decode_tps: float
@@ -107,6 +109,8 @@ class Generation:
 
     def _run(self) -> Iterator[str]:
         llm, params, backend, kv = self.llm, self.params, self.llm.backend, self.llm.kv
+        if params.seed is None:  # unseeded: a fresh seed per request, reported so the run can be repeated
+            params = params.with_(seed=secrets.randbelow(SEED_MAX + 1))
         prompt = self._fit_prompt()
         t0 = time.perf_counter()
         reuse = kv.prepare(prompt)
@@ -161,6 +165,7 @@ class Generation:
             tokens_in=len(self.prompt),
             tokens_out=out,
             stop_reason=reason,
+            seed=params.seed,
             ttft_ms=(t_first - t0) * 1000,
             prefill_tps=computed / prefill_s,
             decode_tps=(out - 1) / decode_s if out > 1 and decode_s > 0 else 0.0,
@@ -184,17 +189,23 @@ class LLM:
     """A loaded language model. Close it (or use ``with``) to free native memory."""
 
     def __init__(self, model: ResolvedModel, plan: MemoryPlan, backend: LLMBackend, placement: Any) -> None:
+        """Takes ownership of ``backend``: it is closed here if the model cannot be set up."""
         self.model = model
         self.plan = plan
         self.backend = backend
         self.placement = placement
-        self.prefix_cache = PrefixCache(plan.prefix_cache_bytes)
-        self.kv = KVSequence(backend, self.prefix_cache)
-        spec = model.manifest.llm
-        assert spec is not None
-        self.defaults = SamplingParams.from_defaults(spec.sampling)
         self._template = None
         self._chat_tokenizer = None
+        try:
+            self.prefix_cache = PrefixCache(plan.prefix_cache_bytes)
+            self.kv = KVSequence(backend, self.prefix_cache)
+            spec = model.manifest.llm
+            if spec is None:
+                raise BadInput(f"{model.manifest.ref} has no llm section in its manifest")
+            self.defaults = SamplingParams.from_defaults(spec.sampling)
+        except BaseException:
+            backend.close()
+            raise
 
     @property
     def n_ctx(self) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -11,6 +12,7 @@ from runtime.errors import BadInput
 from runtime.gguf_file import read_gguf
 from runtime.llm import LLM
 from runtime.plan import KVType, plan_llm
+from runtime.sampling import SamplingParams
 
 GiB = 1 << 30
 
@@ -67,6 +69,47 @@ def test_same_seed_same_text(llm) -> None:
     other = [llm.generate("Once upon a time", params.with_(seed=s)).text for s in (1, 2, 3)]
     assert first.text == second.text
     assert any(t != first.text for t in other)  # the seed is actually used
+
+
+def test_unseeded_sampling_draws_a_fresh_seed_that_reproduces_the_run(llm) -> None:
+    params = SamplingParams(temperature=0.9, top_k=0, top_p=1.0, min_p=0.0, max_tokens=24)
+    assert params.seed is None
+    first = llm.generate("Once upon a time", params)
+    second = llm.generate("Once upon a time", params)
+    assert first.seed != second.seed and first.text != second.text  # not the same answer every time
+    again = llm.generate("Once upon a time", params.with_(seed=first.seed))
+    assert (again.seed, again.text) == (first.seed, first.text)
+
+
+def test_run_json_reports_the_seed_that_reproduces_it(smollm, capsys) -> None:
+    from runtime.cli import main as cli
+
+    args = ["run", "default", "--prompt", "Once upon a time", "--max-tokens", "16", "--temperature", "0.9", "--top-k", "0",
+            "--memory", "1G", "--ctx", "512", "--threads", "2", "--json"]
+    assert cli(args) == 0
+    first = json.loads(capsys.readouterr().out)
+    assert isinstance(first["seed"], int)
+    assert cli([*args, "--seed", str(first["seed"])]) == 0
+    again = json.loads(capsys.readouterr().out)
+    assert (again["seed"], again["text"]) == (first["seed"], first["text"])
+
+
+def test_a_failure_after_llama_cpp_loaded_closes_it(smollm, monkeypatch) -> None:
+    closed = []
+    real_close = LlamaCppBackend.close
+
+    def spy(self) -> None:
+        closed.append(self._llm is not None)
+        real_close(self)
+
+    def broken(*args, **kwargs):
+        raise BadInput("injected after the backend loaded")
+
+    monkeypatch.setattr(LlamaCppBackend, "close", spy)
+    monkeypatch.setattr(SamplingParams, "from_defaults", broken)
+    with pytest.raises(BadInput, match="injected"):
+        LLM.load(smollm, memory=GiB, ctx=256, threads=1)
+    assert closed == [True]  # the loaded llama.cpp model was freed, once
 
 
 def test_context_shift_keeps_going_past_the_context(smollm) -> None:
