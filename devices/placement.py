@@ -7,9 +7,13 @@ does instead, so a fallback is always reported, never silent. With
 ``require_accelerator`` a chain that ends on the CPU raises
 :class:`~runtime.errors.PlacementError` carrying those lines instead.
 
-After the backend loads, the runtime attaches what actually happened
-(:class:`Offload`: llama.cpp layers offloaded, ORT nodes or LiteRT ops on the
-accelerator) with :meth:`Placement.loaded`, and prints :meth:`Placement.summary`.
+After the backend loads, the runtime attaches what actually happened, as the
+backend itself reports it (:class:`Offload`: the layers llama.cpp placed per
+device, the nodes ORT assigned per provider, the ops each LiteRT delegate took)
+with :meth:`Placement.loaded`, and prints :meth:`Placement.summary`. An
+accelerator that took none of the model (an Edge TPU given a model
+edgetpu_compiler never saw) is a fallback to the CPU, reported as such and
+refused under ``require_accelerator``.
 """
 
 from __future__ import annotations
