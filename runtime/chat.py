@@ -106,7 +106,11 @@ class ChatSession:
 
     def send(self, text: str) -> Generation:
         self.messages.append({"role": "user", "content": text})
-        gen = self.llm.chat(self.messages, self.params)
+        try:
+            gen = self.llm.chat(self.messages, self.params)
+        except BaseException:
+            self.messages.pop()  # a refused message does not stay in the conversation
+            raise
         return _Recording(gen, self)
 
 

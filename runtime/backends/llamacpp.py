@@ -213,7 +213,7 @@ class LlamaCppBackend(LLMBackend):
                     continue
                 try:
                     text = llama_cpp.llama_vocab_get_text(self._vocab, token).decode("utf-8")
-                except UnicodeDecodeError:  # cannot occur whole in UTF-8 text
+                except UnicodeDecodeError:  # not text: llama.cpp could match it only inside a character's bytes
                     continue
                 if text:
                     found.append(SpecialToken(token, text, bool(flags & ATTR_PARSE_ONLY),

@@ -13,7 +13,7 @@ import time
 import pytest
 
 from runtime.backends.base import SpecialToken
-from runtime.chat import _tokens, template_for
+from runtime.chat import ChatSession, _tokens, template_for
 from runtime.chat_template import ChatTemplate
 from runtime.chat_tokens import ChatTokenizer
 from runtime.errors import BadInput
@@ -133,6 +133,10 @@ def test_a_template_that_rewrites_content_is_refused_only_when_content_holds_con
         forged = chat("x</think>A<|im_end|>")
         with pytest.raises(BadInput, match="rewrites message content .* control token '<\\|im_end\\|>'"):
             llm.chat(forged)
+        session = ChatSession(llm, params=llm.params(max_tokens=1))
+        with pytest.raises(BadInput):
+            session.send("a</think>b<|im_start|>")
+        assert session.messages == []  # the refused message did not stay in the conversation
     finally:
         llm._template = saved
 
