@@ -44,6 +44,8 @@ def main(args: argparse.Namespace, resolved: ResolvedModel) -> int:
                 "plan": clf.plan.to_dict(),
             })
             return 0
+        if hasattr(sys.stdout, "reconfigure"):  # a file name that is not UTF-8 is printed as its own bytes, like ls does
+            sys.stdout.reconfigure(errors="surrogateescape")
         for pred in predictions:
             print(pred.source + _audio_line(pred))
             for lab in pred.labels:

@@ -34,7 +34,7 @@ def test_run_json_has_every_field(smollm, capsys) -> None:
 def test_run_streams_text_and_reports_placement(smollm, capsys) -> None:
     code = cli(["run", "default", "--prompt", "1, 2, 3,", "--max-tokens", "8", "--temperature", "0", "--memory", "1G"])
     captured = capsys.readouterr()
-    assert code == 0 and "4" in captured.out
+    assert code == 0 and captured.out.lstrip().startswith("4, 5"), captured.out  # greedy: the count goes on
     assert "placement: llamacpp on cpu" in captured.err
 
 

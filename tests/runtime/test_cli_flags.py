@@ -119,7 +119,8 @@ def test_a_multi_line_error_is_folded_to_one_line(capsys) -> None:
 # --- text that is not UTF-8: bytes in argv (decoded by Python with surrogateescape) and on stdin ---------------
 
 def _edgerun(args: list[bytes | str], stdin: bytes = b"") -> subprocess.CompletedProcess[bytes]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "LC_ALL": "C.UTF-8", "OMP_NUM_THREADS": "1"}
+    # strict UTF-8 stdio, as in an en_US.UTF-8 terminal (the C and C.UTF-8 locales would use surrogateescape)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "LC_ALL": "C.UTF-8", "PYTHONIOENCODING": "utf-8:strict", "OMP_NUM_THREADS": "1"}
     code = "import sys; from runtime.cli import main; sys.exit(main())"
     return subprocess.run([sys.executable, "-c", code, *args], input=stdin, capture_output=True, env=env, timeout=300)
 
@@ -199,3 +200,11 @@ def test_plan_refuses_the_other_kinds_flags(smollm, digit_bundles, capsys) -> No
     _refused(capsys, ["plan", str(digit_bundles["tflite"]), "--ctx", "512"], "--ctx does not apply to", "a vision model")
     assert cli(["plan", str(digit_bundles["tflite"]), "--batch", "4", "--json"]) == 0
     capsys.readouterr()
+
+
+def test_a_file_name_that_is_not_utf8_is_printed_as_its_bytes(digit_bundles, digits, tmp_path) -> None:
+    name = os.fsencode(tmp_path) + b"/digit-\xff.png"  # a legal POSIX file name, not UTF-8
+    Path(os.fsdecode(name)).write_bytes(Path(digits.test_images[0]).read_bytes())
+    done = _edgerun([b"run", os.fsencode(digit_bundles["tflite"]), b"--input", name, b"--top", b"1"])
+    assert done.returncode == 0, done.stderr.decode()
+    assert done.stdout.splitlines()[0] == name  # the same bytes back, no UnicodeEncodeError
