@@ -105,7 +105,8 @@ BAD_MODELS = [
     # an integer output without a scale cannot be dequantized
     (b'{"input": {"shape": [-1, 4], "dtype": "float32"}, "output": {"shape": [-1, 2], "dtype": "int8"}}', "positive scale"),
     # a description that asks for 2^40 elements per row
-    (b'{"input": {"shape": [-1, 1048576, 1048576], "dtype": "float32"}, "output": {"shape": [-1, 2], "dtype": "float32"}}', "elements per row"),
+    (b'{"input": {"shape": [-1, 1048576, 1048576], "dtype": "float32"}, "output": {"shape": [-1, 2], "dtype": "float32"}}',
+     "elements per row"),
     # deep nesting
     (b"[" * 100000 + b"]" * 100000, "null model"),
 ]

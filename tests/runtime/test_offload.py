@@ -23,7 +23,8 @@ from tests.runtime.modelgen import add_gather_tflite, matmul_onnx
 
 GiB = 1 << 30
 LITERT_TPU = BackendCaps(Backend.LITERT, installed=True, module="ai_edge_litert.interpreter", npu=True, delegates=("libedgetpu.so.1",))
-ORT_GPU = BackendCaps(Backend.ORT, installed=True, module="onnxruntime", gpu=True, providers=("CUDAExecutionProvider", "CPUExecutionProvider"))
+ORT_GPU = BackendCaps(Backend.ORT, installed=True, module="onnxruntime", gpu=True,
+                      providers=("CUDAExecutionProvider", "CPUExecutionProvider"))
 
 
 def board(name: str):
