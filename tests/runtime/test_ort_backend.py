@@ -15,7 +15,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-
 import pytest
 
 from devices.cpu import CpuInfo
