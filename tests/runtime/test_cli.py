@@ -44,7 +44,8 @@ def test_plan_json_fields(smollm, capsys) -> None:
     for key in ("weights_bytes", "kv_bytes", "compute_bytes", "prefix_cache_bytes", "runtime_bytes", "total_bytes",
                 "n_ctx", "kv_type", "fits", "budget_bytes"):
         assert key in data
-    assert data["total_bytes"] == sum(data[k] for k in ("weights_bytes", "kv_bytes", "compute_bytes", "prefix_cache_bytes", "runtime_bytes", "vocab_bytes"))
+    terms = ("weights_bytes", "kv_bytes", "compute_bytes", "prefix_cache_bytes", "runtime_bytes", "vocab_bytes")
+    assert data["total_bytes"] == sum(data[k] for k in terms)
     assert data["total_bytes"] + data["reserve_bytes"] <= data["budget_bytes"] == 512 << 20
 
 
