@@ -21,7 +21,9 @@ import enum
 import hashlib
 import json
 import math
+import os
 import re
+import stat
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -34,9 +36,10 @@ SCHEMA_VERSION = 1
 MANIFEST = "manifest.json"
 EXTENSION = ".edgerun"
 MAX_MANIFEST_BYTES = 4 << 20  # a manifest with a chat template and a report is a few KiB
-NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
-VERSION_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,63}$")
-FILE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")  # flat: no directories, no '..'
+# Whole-string patterns: use them with fullmatch only (match with "$" accepts a trailing newline).
+NAME_RE = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
+VERSION_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,63}")
+FILE_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")  # flat: no directories, no '..'
 HASH_CHUNK = 1 << 20
 
 
@@ -97,15 +100,20 @@ def _flag(data: dict[str, Any], key: str, default: bool, where: str) -> bool:
 
 
 def check_name(name: str) -> str:
-    if not NAME_RE.match(name):
-        raise BadInput(f"model name {name!r} is not valid: use 1-64 of a-z 0-9 . _ - starting with a letter or digit")
+    if not isinstance(name, str) or not NAME_RE.fullmatch(name):
+        raise BadInput(f"model name {name!r} is not valid: use 1-64 of a-z 0-9 . _ - starting with a letter or digit"[:300])
     return name
 
 
 def check_version(version: str) -> str:
-    if not VERSION_RE.match(version):
-        raise BadInput(f"model version {version!r} is not valid: use 1-64 of A-Z a-z 0-9 . _ + - starting with a letter or digit")
+    if not isinstance(version, str) or not VERSION_RE.fullmatch(version):
+        raise BadInput(f"model version {version!r} is not valid: use 1-64 of A-Z a-z 0-9 . _ + - starting with a letter or digit"[:300])
     return version
+
+
+def is_file_name(name: object) -> bool:
+    """A flat bundle file name (no directories, no '..', no control characters)."""
+    return isinstance(name, str) and FILE_RE.fullmatch(name) is not None and name != MANIFEST
 
 
 @dataclass(frozen=True)
@@ -121,7 +129,7 @@ class FileEntry:
         if not isinstance(data, dict):
             raise BadInput(f"{where} must be an object")
         path = _require(data, "path", str, where)
-        if not FILE_RE.match(path) or path == MANIFEST:
+        if not is_file_name(path):
             raise BadInput(f"{where}: file name {path!r} is not valid (a plain name, no directories)")
         sha = _require(data, "sha256", str, where)
         if not re.fullmatch(r"[0-9a-f]{64}", sha):
@@ -553,7 +561,11 @@ class Manifest:
 
 
 def sha256_stream(src: BinaryIO, dst: BinaryIO | None = None, limit: int | None = None) -> tuple[str, int]:
-    """Hash (and optionally copy) a stream; returns (hex digest, bytes read)."""
+    """Hash (and optionally copy) a stream; returns (hex digest, bytes read).
+
+    ``limit`` bounds the bytes read: give a file's declared size + 1, and a longer
+    file stops at that byte instead of being read (and copied) to its end.
+    """
     digest = hashlib.sha256()
     n = 0
     while True:
@@ -570,27 +582,98 @@ def sha256_stream(src: BinaryIO, dst: BinaryIO | None = None, limit: int | None 
     return digest.hexdigest(), n
 
 
-def sha256_file(path: Path) -> tuple[str, int]:
-    with open(path, "rb") as fh:
-        return sha256_stream(fh)
+_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
+          (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
+
+
+def file_kind(mode: int) -> str:
+    """What a stat mode names, for messages: 'a regular file', 'a FIFO', ..."""
+    return next((name for test, name in _KINDS if test(mode)), "a regular file" if stat.S_ISREG(mode) else "not a file")
+
+
+def stat_regular(path: Path | str, what: str = "file") -> os.stat_result:
+    """stat() a path (following links) and refuse anything but a regular file, without opening it."""
+    try:
+        st = os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        raise BadInput(f"{path}: no such {what}") from None
+    except OSError as exc:
+        raise BadInput(f"{path}: cannot read this {what} ({exc.strerror})") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise BadInput(f"{path}: is {file_kind(st.st_mode)}, not a regular file; give a regular {what}")
+    return st
+
+
+def open_regular(path: Path | str, what: str = "file") -> BinaryIO:
+    """Open a regular file for reading. A FIFO or device is refused after stat(), before any
+    blocking open; O_NONBLOCK covers a swap between the two, and fstat() checks what was opened."""
+    stat_regular(path, what)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        raise BadInput(f"{path}: cannot read this {what} ({exc.strerror})") from None
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise BadInput(f"{path}: is {file_kind(mode)}, not a regular file; give a regular {what}")
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, "rb")
+
+
+def sha256_file(path: Path, limit: int | None = None) -> tuple[str, int]:
+    with open_regular(path) as fh:
+        return sha256_stream(fh, limit=limit)
 
 
 def read_manifest_dir(directory: Path) -> Manifest:
     path = directory / MANIFEST
-    if not path.is_file():
+    if not os.path.lexists(path):
         raise BadInput(f"{directory}: not a bundle directory (no {MANIFEST})")
-    return Manifest.from_bytes(path.read_bytes(), str(directory))
+    size = stat_regular(path, "manifest").st_size
+    if size > MAX_MANIFEST_BYTES:  # refused before reading any of it
+        raise BadInput(f"{path}: manifest is {size} bytes (at most {MAX_MANIFEST_BYTES})")
+    with open_regular(path, "manifest") as fh:
+        raw = fh.read(MAX_MANIFEST_BYTES + 1)  # bounded even if the file grew since stat()
+    return Manifest.from_bytes(raw, str(directory))
 
 
-def verify_dir(directory: Path, manifest: Manifest) -> None:
-    """Check every listed file's size and SHA-256 in an installed bundle directory."""
+def bundle_files(directory: Path, manifest: Manifest) -> dict[str, Path]:
+    """Each listed file's real path, checked without reading any of them.
+
+    A file is a regular file (a FIFO or device is never opened), of the size the
+    manifest says, and lies inside the bundle: a symlink may point elsewhere
+    inside the bundle, never out of it. Loading these paths, not ``directory /
+    name``, means a link swapped after the check cannot redirect the load.
+    """
+    root = Path(os.path.realpath(directory))
+    out = {}
     for entry in manifest.files:
-        path = directory / entry.path
-        if not path.is_file():
+        link = directory / entry.path
+        if not os.path.lexists(link):
             raise BadInput(f"{directory}: file {entry.path!r} listed in the manifest is missing")
-        size = path.stat().st_size
+        real = Path(os.path.realpath(link))
+        if not real.is_relative_to(root):
+            raise BadInput(f"{directory}: {entry.path} is a link to {real}, outside the bundle; bundle files must lie inside it")
+        size = stat_regular(real, "bundle file").st_size
         if size != entry.size:
-            raise BadInput(f"{directory}: {entry.path} is {size} bytes, the manifest says {entry.size}")
-        digest, _ = sha256_file(path)
+            raise BadInput(f"{directory}: {entry.path} is {size} bytes, the manifest says {entry.size} (truncated or altered)")
+        out[entry.path] = real
+    return out
+
+
+def hash_files(files: dict[str, Path], manifest: Manifest, where: Path | str) -> None:
+    """Check each file's SHA-256 against the manifest; reads at most size + 1 bytes of each."""
+    for entry in manifest.files:
+        digest, size = sha256_file(files[entry.path], limit=entry.size + 1)
+        if size != entry.size:
+            raise BadInput(f"{where}: {entry.path} is now {'longer' if size > entry.size else 'shorter'} than the manifest's "
+                           f"{entry.size} bytes (changed while being checked)")
         if digest != entry.sha256:
-            raise BadInput(f"{directory}: checksum mismatch for {entry.path} (sha256 {digest[:16]}..., manifest {entry.sha256[:16]}...)")
+            raise BadInput(f"{where}: checksum mismatch for {entry.path} (sha256 {digest[:16]}..., manifest {entry.sha256[:16]}...)")
+
+
+def verify_dir(directory: Path, manifest: Manifest) -> dict[str, Path]:
+    """Check every listed file's type, place, size and SHA-256; returns the real paths that were checked."""
+    files = bundle_files(directory, manifest)
+    hash_files(files, manifest, directory)
+    return files

@@ -3,30 +3,38 @@
 A model is named as:
 
 * a path to a bundle directory (``manifest.json`` inside) or a transport bundle
-  (``.edgerun``, installed into the store on first use);
+  (``.edgerun``, installed into the store on first use; later uses take the
+  installed copy when it is the same bundle: name, version, file sizes and hashes);
 * a path to a bare ``.gguf`` file, wrapped on the fly with a manifest built from
   its own metadata and its SHA-256, so that everything below applies to it too;
 * ``name`` or ``name@version`` of an installed model, or of a recipe in
   ``models/`` (``default`` is an alias), which is built and installed on first use.
+
+Every file is hashed in full once; a stamp (:mod:`runtime.stamps`) then spares
+the hash while stat() shows the files unchanged. ``full_check`` (``edgerun
+verify``) hashes regardless. The result carries the real path of each checked
+file, inside the bundle: loaders open those, so a link changed afterwards cannot
+redirect the load, and a link out of the bundle is refused.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import re
-from dataclasses import dataclass
+import stat
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from runtime import recipes
-from runtime.bundle import FileEntry, Manifest, read_manifest_dir, sha256_file, verify_dir
+from runtime.bundle import FileEntry, Manifest, file_kind, open_regular, read_manifest_dir, sha256_file
 from runtime.errors import BadInput
 from runtime.gguf_file import read_gguf
-from runtime.store import Store
+from runtime.stamps import Stamps, check_bundle, identity
+from runtime.store import Store, parse_ref
 
 log = logging.getLogger(__name__)
-VERIFIED_STAMP = ".verified"
 
 
 @dataclass(frozen=True)
@@ -34,82 +42,84 @@ class ResolvedModel:
     manifest: Manifest
     directory: Path
     origin: str  # "store", "bundle-dir" or "gguf"
+    # Each manifest file name -> the real file that was checked (inside the bundle): what loaders open.
+    files: Mapping[str, Path] = field(default_factory=dict)
 
     def path(self, role: str = "weights") -> Path:
-        return self.directory / self.manifest.file(role).path
+        return self.file(self.manifest.file(role).path)
+
+    def file(self, name: str) -> Path:
+        """The checked real path of the bundle file ``name`` (``directory / name`` for a hand-made ResolvedModel)."""
+        if not self.files:
+            return self.directory / name
+        if name not in self.files:
+            raise BadInput(f"bundle {self.manifest.ref} has no file {name!r} (files: {', '.join(self.files)})")
+        return self.files[name]
 
 
 def _looks_like_path(ref: str) -> bool:
     return os.sep in ref or ref.startswith(".") or ref.endswith((".gguf", ".edgerun")) or os.path.exists(ref)
 
 
-def _stamp(directory: Path, manifest: Manifest) -> dict[str, list[int]]:
-    out = {}
-    for entry in manifest.files:
-        st = (directory / entry.path).stat()
-        out[entry.path] = [st.st_size, st.st_mtime_ns, st.st_ino]
-    return out
+def _verified(manifest: Manifest, directory: Path, store: Store, origin: str, full: bool) -> ResolvedModel:
+    return ResolvedModel(manifest, directory, origin, check_bundle(directory, manifest, store.stamps, full))
 
 
-def verify_installed(directory: Path, manifest: Manifest) -> None:
-    """Full SHA-256 check, skipped when the files are unchanged since the last check."""
-    stamp_path = directory / VERIFIED_STAMP
-    try:
-        if json.loads(stamp_path.read_text()) == _stamp(directory, manifest):
-            return
-    except (OSError, ValueError):
-        pass
-    verify_dir(directory, manifest)
-    try:
-        stamp_path.write_text(json.dumps(_stamp(directory, manifest)))
-    except OSError:  # a read-only store is fine: we verify every time
-        pass
-
-
-def wrap_gguf(path: Path) -> ResolvedModel:
-    info = read_gguf(path)  # rejects non-GGUF and damaged files before anything else
-    sha, size = sha256_file(path)
+def wrap_gguf(path: Path, stamps: Stamps | None = None, full: bool = False) -> ResolvedModel:
+    """A bare GGUF as a one-file bundle. Its SHA-256 (the manifest's version) is computed once and
+    kept in a stamp that any change to the file voids (:mod:`runtime.stamps`)."""
+    real = Path(os.path.realpath(path))  # the user named this file: follow their link once, then use the real path
+    info = read_gguf(real)  # rejects non-GGUF and damaged files before anything else
+    ident = identity(real)  # before hashing: a change while hashing voids the stamp
+    record = stamps.get(real) if stamps is not None and not full else None
+    if isinstance(record, dict) and record.get("identity") == ident and isinstance(record.get("sha256"), str):
+        sha, size = record["sha256"], ident[2]
+        log.info("%s: unchanged since its last full check; not hashed again", real)
+    else:
+        sha, size = sha256_file(real)
+        if stamps is not None:
+            stamps.put(real, {"identity": ident, "sha256": sha})
     stem = re.sub(r"[^a-z0-9._-]+", "-", path.stem.lower()).strip("-._") or "model"
     manifest = recipes.llm_manifest(
         info, stem[:64], f"file-{sha[:12]}", FileEntry(path.name, sha, size), str(info.metadata.get("general.license", "unknown"))
     )
-    return ResolvedModel(manifest, path.parent, "gguf")
+    return ResolvedModel(manifest, real.parent, "gguf", {path.name: real})
 
 
-def resolve(ref: str, store: Store | None = None) -> ResolvedModel:
+def resolve(ref: str, store: Store | None = None, *, full_check: bool = False) -> ResolvedModel:
+    """What ``ref`` names, verified: a full SHA-256 check the first time (or with ``full_check``),
+    then only a stat() of each file while a stamp says nothing changed."""
     store = store or Store()
     if not ref:
         raise BadInput("no model given: name a bundle, a .gguf file, an installed model or a recipe (e.g. 'default')")
     if _looks_like_path(ref):
         path = Path(ref)
-        if not path.exists():
-            raise BadInput(f"{path}: no such file or directory (give a bundle, a .gguf file, or a model name; see 'edgerun list')")
-        if path.is_dir():
-            manifest = read_manifest_dir(path)
-            verify_dir(path, manifest)
-            return ResolvedModel(manifest, path, "bundle-dir")
-        with open(path, "rb") as fh:
+        try:
+            mode = os.stat(path).st_mode
+        except OSError:
+            raise BadInput(f"{path}: no such file or directory (give a bundle, a .gguf file, or a model name; see 'edgerun list')") from None
+        if stat.S_ISDIR(mode):
+            return _verified(read_manifest_dir(path), path, store, "bundle-dir", full_check)
+        if not stat.S_ISREG(mode):
+            raise BadInput(f"{path}: is {file_kind(mode)}; give a bundle directory, a .edgerun or .gguf file, or a model name")
+        with open_regular(path, "model file") as fh:
             magic = fh.read(4)
         if magic == b"GGUF" or path.suffix == ".gguf":
-            return wrap_gguf(path)
-        installed = store.install(path)
-        log.warning("installed %s from %s into the model store", installed.ref, path)
-        return ResolvedModel(installed.manifest, installed.directory, "store")
+            return wrap_gguf(path, store.stamps, full_check)
+        installed = store.install_or_reuse(path)  # a .edgerun: installed on first use, the installed copy after
+        return _verified(installed.manifest, installed.directory, store, "store", full_check)
 
-    name, _, version = ref.partition("@")
-    recipe = recipes.find(name)
-    if recipe is not None:
-        name = recipe.name
+    base, at, rest = ref.partition("@")
+    recipe = recipes.find(base)  # "default" is an alias of a recipe's name
+    name, version = parse_ref((recipe.name if recipe else base) + at + rest)  # one line for a bad name, before any path
     if name in store.names():
-        installed = store.get(name, version or None)
-        verify_installed(installed.directory, installed.manifest)
-        return ResolvedModel(installed.manifest, installed.directory, "store")
+        installed = store.get(name, version)
+        return _verified(installed.manifest, installed.directory, store, "store", full_check)
     if recipe is None:
         known = sorted(set(store.names()) | set(recipes.recipes()) | {"default"})
         raise BadInput(f"unknown model {ref!r} (installed or buildable: {', '.join(known)}; or give a path)")
-    if version and version != recipe.version:
+    if version is not None and version != recipe.version:
         raise BadInput(f"recipe {recipe.name} builds version {recipe.version}, not {version!r}")
     log.warning("building %s@%s from its recipe (first use)", recipe.name, recipe.version)
     installed = store.install_with(recipe.build)
-    verify_installed(installed.directory, installed.manifest)
-    return ResolvedModel(installed.manifest, installed.directory, "store")
+    return _verified(installed.manifest, installed.directory, store, "store", full_check)

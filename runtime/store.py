@@ -16,21 +16,40 @@ was (a leftover staging directory is removed by the next change).
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
+import io
 import json
 import logging
 import os
 import shutil
+import stat
 import tarfile
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from runtime.bundle import MANIFEST, MAX_MANIFEST_BYTES, Manifest, check_name, check_version, read_manifest_dir, sha256_stream
+from runtime.bundle import (
+    MANIFEST,
+    MAX_MANIFEST_BYTES,
+    Manifest,
+    bundle_files,
+    check_name,
+    check_version,
+    file_kind,
+    open_regular,
+    read_manifest_dir,
+    sha256_stream,
+)
 from runtime.errors import BadInput
+from runtime.stamps import Stamps, record_bundle
+from runtime.units import fmt_bytes
 
 log = logging.getLogger(__name__)
+MAX_TAR_HEADER = 64 << 10  # PAX / GNU long-name header bytes; an edgerun bundle's are a few hundred
+FREE_SPACE_MARGIN = 16 << 20  # bytes left free beyond a bundle's files (manifest, fs metadata)
 
 
 def default_root() -> Path:
@@ -38,6 +57,17 @@ def default_root() -> Path:
         return Path(os.environ["EDGERUN_HOME"])
     base = os.environ.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local", "share")
     return Path(base) / "edgerun"
+
+
+def check_ref(name: str, version: str | None = None) -> tuple[str, str | None]:
+    """The one check of a model name and version before either touches a store path."""
+    return check_name(name), None if version is None else check_version(version)
+
+
+def parse_ref(ref: str) -> tuple[str, str | None]:
+    """``name`` or ``name@version``, checked. ``name@`` (an empty version) is refused, not read as "every version"."""
+    name, at, version = ref.partition("@")
+    return check_ref(name, version if at else None)
 
 
 @dataclass(frozen=True)
@@ -74,11 +104,29 @@ def _write_atomic(path: Path, data: bytes) -> None:
         raise
 
 
+def same_files(a: Manifest, b: Manifest) -> bool:
+    """Same name, version and files (name, size, SHA-256): the same bundle."""
+    key = lambda m: (m.name, m.version, sorted((f.path, f.size, f.sha256) for f in m.files))  # noqa: E731
+    return key(a) == key(b)
+
+
 class Store:
     def __init__(self, root: Path | str | None = None) -> None:
         self.root = Path(root) if root is not None else default_root()
         self.models = self.root / "models"
         self.tmp = self.root / "tmp"
+        self.stamps = Stamps(self.root / "verified")
+
+    def _unusable(self, reason: str) -> BadInput:
+        return BadInput(f"model store {self.root}: {reason}; set EDGERUN_HOME to a writable folder")
+
+    def _check_root(self) -> None:
+        try:
+            st = os.stat(self.root)
+        except OSError:
+            return  # not there yet: the first change creates it
+        if not stat.S_ISDIR(st.st_mode):
+            raise self._unusable(f"is {file_kind(st.st_mode)}, not a folder")
 
     # -- reading -------------------------------------------------------------
     def _history(self, name: str) -> list[str]:
@@ -86,34 +134,45 @@ class Store:
         if not path.is_file():
             return []
         try:
-            history = json.loads(path.read_text())["history"]
-        except (ValueError, KeyError, TypeError):
+            history = json.loads(path.read_bytes()[: 1 << 20])["history"]
+            if not isinstance(history, list):
+                raise TypeError
+        except (ValueError, KeyError, TypeError, RecursionError):
             raise BadInput(f"{path}: store state is corrupt; remove it to reset {name!r}'s current version") from None
-        return [v for v in history if (self.models / name / v / MANIFEST).is_file()]
+        return [v for v in history if isinstance(v, str) and (self.models / name / v / MANIFEST).is_file()]
 
     def names(self) -> list[str]:
+        self._check_root()
         if not self.models.is_dir():
             return []
-        return sorted(p.name for p in self.models.iterdir() if p.is_dir() and self._versions(p.name))
+        return sorted(p.name for p in self.models.iterdir() if _valid(check_name, p.name) and p.is_dir() and self._versions(p.name))
 
     def _versions(self, name: str) -> list[str]:
-        directory = self.models / name
+        directory = self.models / check_name(name)
         if not directory.is_dir():
             return []
-        return sorted(p.name for p in directory.iterdir() if (p / MANIFEST).is_file())
+        return sorted(p.name for p in directory.iterdir() if _valid(check_version, p.name) and (p / MANIFEST).is_file())
 
     def list(self) -> list[Installed]:
+        """Every installed version. One unreadable bundle is logged by name and skipped, not fatal to the list."""
         out = []
         for name in self.names():
-            history = self._history(name)
+            try:
+                history = self._history(name)
+            except BadInput as exc:
+                log.warning("%s (listed without a current version)", exc)
+                history = []
             current = history[-1] if history else None
             for version in self._versions(name):
                 directory = self.models / name / version
-                out.append(Installed(read_manifest_dir(directory), directory, version == current))
+                try:
+                    out.append(Installed(read_manifest_dir(directory), directory, version == current))
+                except BadInput as exc:
+                    log.warning("%s@%s is damaged, not listed (edgerun remove %s@%s): %s", name, version, name, version, exc)
         return out
 
     def get(self, name: str, version: str | None = None) -> Installed:
-        check_name(name)
+        check_ref(name, version)
         versions = self._versions(name)
         if not versions:
             installed = ", ".join(self.names()) or "none"
@@ -130,8 +189,13 @@ class Store:
     # -- changing ------------------------------------------------------------
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
-        self.root.mkdir(parents=True, exist_ok=True)
-        with open(self.root / "lock", "a+") as lock:
+        self._check_root()
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+            lock = open(self.root / "lock", "a+")  # noqa: SIM115 (held for the whole block)
+        except OSError as exc:
+            raise self._unusable(f"cannot write there ({exc.strerror})") from None
+        with lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             try:
                 # Leftovers of an interrupted install: never visible, safe to drop under the lock.
@@ -141,6 +205,13 @@ class Store:
                 yield
             finally:
                 fcntl.flock(lock, fcntl.LOCK_UN)
+
+    def _staging(self, prefix: str) -> Path:
+        try:
+            self.tmp.mkdir(parents=True, exist_ok=True)
+            return Path(tempfile.mkdtemp(dir=self.tmp, prefix=prefix))
+        except OSError as exc:
+            raise self._unusable(f"cannot write there ({exc.strerror})") from None
 
     def _commit(self, staging: Path, manifest: Manifest) -> Installed:
         """Make a verified staging directory visible as name/version and current."""
@@ -158,6 +229,7 @@ class Store:
         _fsync_dir(target_parent)
         history = [v for v in self._history(manifest.name) if v != manifest.version] + [manifest.version]
         _write_atomic(target_parent / "state.json", json.dumps({"history": history}).encode())
+        record_bundle(target, manifest, self.stamps)  # hashed while staged: the first run need not hash again
         log.info("installed %s into %s", manifest.ref, target)
         return Installed(manifest, target, True)
 
@@ -168,10 +240,10 @@ class Store:
         a manifest whose sizes and checksums it computed while writing.
         """
         with self._locked():
-            self.tmp.mkdir(parents=True, exist_ok=True)
-            staging = Path(tempfile.mkdtemp(dir=self.tmp, prefix="install-"))
+            staging = self._staging("install-")
             try:
                 manifest = build(staging)
+                check_ref(manifest.name, manifest.version)
                 if (self.models / manifest.name / manifest.version).exists():
                     raise BadInput(f"{manifest.ref} is already installed; remove it first or give the bundle a new version")
                 return self._commit(staging, manifest)
@@ -181,13 +253,28 @@ class Store:
     def install(self, bundle: Path | str) -> Installed:
         """Install a transport bundle (``.edgerun`` tar) or a bundle directory."""
         bundle = Path(bundle)
-        if not bundle.exists():
-            raise BadInput(f"{bundle}: no such bundle")
-        if bundle.is_dir():
+        if _is_dir(bundle):
             return self.install_with(lambda staging: _copy_dir(bundle, staging))
+        open_regular(bundle, "bundle").close()  # refuses a missing path, a FIFO or a device before tarfile opens it
         return self.install_with(lambda staging: _extract_transport(bundle, staging))
 
+    def install_or_reuse(self, bundle: Path | str) -> Installed:
+        """The installed copy of ``bundle`` if the same bundle (name, version, file sizes and hashes)
+        is installed, else a fresh install. A different bundle under an installed name@version is refused."""
+        bundle = Path(bundle)
+        manifest = read_manifest_dir(bundle) if _is_dir(bundle) else transport_manifest(bundle)
+        versions = self._versions(manifest.name)
+        if manifest.version in versions:
+            installed = self.get(manifest.name, manifest.version)
+            if not same_files(installed.manifest, manifest):
+                raise BadInput(f"{bundle}: {manifest.ref} is already installed with different files; "
+                               f"remove it (edgerun remove {manifest.ref}) or give the bundle a new version")
+            log.info("%s: the same bundle is installed as %s; using it", bundle, installed.directory)
+            return installed
+        return self.install(bundle)
+
     def remove(self, name: str, version: str | None = None) -> list[str]:
+        check_ref(name, version)
         with self._locked():
             versions = self._versions(name) if version is None else [self.get(name, version).manifest.version]
             if not versions:
@@ -195,9 +282,9 @@ class Store:
             history = [v for v in self._history(name) if v not in versions]
             for v in versions:
                 # Rename first so that a half-deleted directory is never seen as a model.
-                doomed = self.tmp / f"remove-{name}-{v}"
-                self.tmp.mkdir(parents=True, exist_ok=True)
-                os.rename(self.models / name / v, doomed)
+                doomed = self._staging("remove-")
+                os.rename(self.models / name / v, doomed / v)
+                self.stamps.drop(self.models / name / v)
                 shutil.rmtree(doomed, ignore_errors=True)
             if self._versions(name):
                 _write_atomic(self.models / name / "state.json", json.dumps({"history": history}).encode())
@@ -206,6 +293,7 @@ class Store:
             return versions
 
     def rollback(self, name: str) -> Installed:
+        check_ref(name)
         with self._locked():
             history = self._history(name)
             if not history:
@@ -217,14 +305,35 @@ class Store:
         return self.get(name)
 
 
+def _valid(check: Callable[[str], str], value: str) -> bool:
+    try:
+        check(value)
+    except BadInput:
+        return False
+    return True
+
+
+def _is_dir(path: Path) -> bool:
+    try:
+        return stat.S_ISDIR(os.stat(path).st_mode)
+    except OSError:
+        return False
+
+
+def _check_space(staging: Path, manifest: Manifest, where: Path) -> None:
+    need = sum(f.size for f in manifest.files) + FREE_SPACE_MARGIN
+    free = shutil.disk_usage(staging).free
+    if free < need:
+        raise BadInput(f"{where}: {manifest.ref} needs {fmt_bytes(need)} free in {staging.parent}, only {fmt_bytes(free)} is free")
+
+
 def _copy_dir(src: Path, staging: Path) -> Manifest:
     manifest = read_manifest_dir(src)
+    files = bundle_files(src, manifest)  # types, places and sizes, from stat(): nothing is read before these pass
+    _check_space(staging, manifest, src)
     for entry in manifest.files:
-        path = src / entry.path
-        if not path.is_file():
-            raise BadInput(f"{src}: file {entry.path!r} listed in the manifest is missing")
-        with open(path, "rb") as fin, open(staging / entry.path, "wb") as fout:
-            digest, size = sha256_stream(fin, fout)
+        with open_regular(files[entry.path]) as fin, open(staging / entry.path, "wb") as fout:
+            digest, size = sha256_stream(fin, fout, limit=entry.size + 1)  # a file grown since stat() stops at size + 1
             fout.flush()
             os.fsync(fout.fileno())
         _check_entry(src, entry.path, entry.sha256, entry.size, digest, size)
@@ -233,63 +342,145 @@ def _copy_dir(src: Path, staging: Path) -> Manifest:
 
 def _check_entry(where: Path, name: str, want_sha: str, want_size: int, sha: str, size: int) -> None:
     if size != want_size:
-        raise BadInput(f"{where}: {name} is {size} bytes, the manifest says {want_size} (truncated or altered)")
+        raise BadInput(f"{where}: {name} is {'more than ' if size > want_size else ''}{size} bytes, the manifest says {want_size} "
+                       "(truncated or altered)")
     if sha != want_sha:
         raise BadInput(f"{where}: checksum mismatch for {name} (sha256 {sha[:16]}..., manifest {want_sha[:16]}...)")
 
 
-def _extract_transport(path: Path, staging: Path) -> Manifest:
-    try:
-        tar = tarfile.open(path, "r:")  # uncompressed only, by design
-    except (tarfile.TarError, OSError) as exc:
-        raise BadInput(f"{path}: not an edgerun bundle (expected an uncompressed tar with manifest.json first: {exc})") from None
-    with tar:
+class _BoundedTarInfo(tarfile.TarInfo):
+    """Refuses an extended (PAX) or GNU long-name/sparse header before tarfile reads its body.
+
+    tarfile reads such a body whole into memory, so a header declaring a huge size
+    is a MemoryError (or gigabytes read) before any member is seen. Sparse members
+    (GNU type 'S') are refused here too: their map makes a few KB expand to gigabytes.
+    """
+
+    def _proc_member(self, tarfile_: tarfile.TarFile) -> tarfile.TarInfo:  # type: ignore[override]
+        if self.type == tarfile.GNUTYPE_SPARSE:
+            raise tarfile.HeaderError(f"member {self.name!r} is a GNU sparse file; bundle members are plain files")
+        if self.type in _EXTENDED and not 0 <= self.size <= MAX_TAR_HEADER:
+            raise tarfile.HeaderError(f"an extended header declares {self.size} bytes (at most {MAX_TAR_HEADER})")
+        return super()._proc_member(tarfile_)  # type: ignore[misc]
+
+    def _refuse_sparse(self, *_: object) -> None:
+        raise tarfile.HeaderError("a member is a PAX sparse file; bundle members are plain files")
+
+    # GNU sparse maps in PAX headers (formats 0.0, 0.1, 1.0): refused before tarfile parses the map.
+    _proc_gnusparse_00 = _proc_gnusparse_01 = _proc_gnusparse_10 = _refuse_sparse
+
+
+_EXTENDED = (tarfile.XHDTYPE, tarfile.XGLTYPE, tarfile.SOLARIS_XHDTYPE, tarfile.GNUTYPE_LONGNAME, tarfile.GNUTYPE_LONGLINK)
+_PLAIN = (tarfile.REGTYPE, tarfile.AREGTYPE)
+# What a hostile or damaged tar makes tarfile raise besides TarError: a huge or malformed number, a bad
+# encoding, a header past the end of the file, an allocation for a declared size.
+_TAR_FAULTS = (tarfile.TarError, EOFError, ValueError, OverflowError, MemoryError, UnicodeError, OSError)
+
+
+@contextlib.contextmanager
+def _open_transport(path: Path) -> Iterator[tarfile.TarFile]:
+    with open_regular(path, "bundle") as fh:  # a FIFO or device is refused before tarfile reads anything
         try:
-            first = tar.next()
-            if first is None or first.name != MANIFEST or not first.isfile():
-                raise BadInput(f"{path}: not an edgerun bundle: the first member must be {MANIFEST}")
-            if first.size > MAX_MANIFEST_BYTES:
-                raise BadInput(f"{path}: manifest is {first.size} bytes (at most {MAX_MANIFEST_BYTES})")
-            raw = tar.extractfile(first).read()  # type: ignore[union-attr]
-            manifest = Manifest.from_bytes(raw, str(path))
-            check_name(manifest.name)
-            check_version(manifest.version)
+            tar = tarfile.open(fileobj=fh, mode="r:", tarinfo=_BoundedTarInfo)  # uncompressed only, by design
+        except _TAR_FAULTS as exc:
+            raise BadInput(f"{path}: not an edgerun bundle (expected an uncompressed tar with manifest.json first: {exc})"[:400]) from None
+        with tar:
+            yield tar
+
+
+def _read_manifest_member(path: Path, tar: tarfile.TarFile) -> Manifest:
+    first = tar.next()
+    if first is None or first.name != MANIFEST or first.type not in _PLAIN or first.sparse is not None:
+        raise BadInput(f"{path}: not an edgerun bundle: the first member must be {MANIFEST}")
+    if first.size > MAX_MANIFEST_BYTES:
+        raise BadInput(f"{path}: manifest is {first.size} bytes (at most {MAX_MANIFEST_BYTES})")
+    raw = tar.extractfile(first).read(MAX_MANIFEST_BYTES + 1)  # type: ignore[union-attr]
+    return Manifest.from_bytes(raw, str(path))
+
+
+def transport_manifest(path: Path) -> Manifest:
+    """The manifest of a transport bundle, read without reading the files after it."""
+    with _open_transport(path) as tar:
+        try:
+            return _read_manifest_member(path, tar)
+        except _TAR_FAULTS as exc:
+            raise BadInput(f"{path}: bundle is damaged or truncated ({exc})"[:400]) from None
+
+
+def check_transport(path: Path) -> Manifest:
+    """Check every member of a transport bundle against its manifest, writing nothing."""
+    return _extract_transport(path, None)
+
+
+def _extract_transport(path: Path, staging: Path | None) -> Manifest:
+    """Stream a transport bundle's members into ``staging`` (None: hash only), each checked
+    against the manifest: its type and size before any byte is copied, its SHA-256 after."""
+    with _open_transport(path) as tar:
+        try:
+            manifest = _read_manifest_member(path, tar)
+            if staging is not None:
+                _check_space(staging, manifest, path)
             expected = {f.path: f for f in manifest.files}
             seen: set[str] = set()
             while (member := tar.next()) is not None:
                 entry = expected.get(member.name)
-                if entry is None or not member.isfile():
-                    raise BadInput(f"{path}: unexpected member {member.name!r} (the manifest lists: {', '.join(expected)})")
+                if entry is None:
+                    raise BadInput(f"{path}: unexpected member {member.name!r} (the manifest lists: {', '.join(expected)})"[:400])
+                sparse = member.sparse is not None or any(k.startswith("GNU.sparse.") for k in member.pax_headers)
+                if sparse or member.type not in _PLAIN:
+                    kind = "a sparse file" if sparse else f"tar type {member.type!r}"
+                    raise BadInput(f"{path}: member {member.name!r} is {kind}; bundle members are plain files")
                 if member.name in seen:
                     raise BadInput(f"{path}: member {member.name!r} appears twice")
+                if member.size != entry.size:  # before copying: a small tar may declare a huge member
+                    raise BadInput(f"{path}: member {member.name!r} is {member.size} bytes, the manifest says {entry.size}")
                 seen.add(member.name)
                 src = tar.extractfile(member)
                 assert src is not None
-                with open(staging / entry.path, "wb") as out:
-                    digest, size = sha256_stream(src, out)
-                    out.flush()
-                    os.fsync(out.fileno())
+                if staging is None:
+                    digest, size = sha256_stream(src, limit=entry.size + 1)
+                else:
+                    with open(staging / entry.path, "wb") as out:
+                        digest, size = sha256_stream(src, out, limit=entry.size + 1)
+                        out.flush()
+                        os.fsync(out.fileno())
                 _check_entry(path, entry.path, entry.sha256, entry.size, digest, size)
-        except (tarfile.TarError, EOFError) as exc:
-            raise BadInput(f"{path}: bundle is damaged or truncated ({exc})") from None
+        except _TAR_FAULTS as exc:
+            if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+                raise BadInput(f"{path}: the store's disk filled up while installing ({exc.strerror})") from None
+            raise BadInput(f"{path}: bundle is damaged or truncated ({exc})"[:400]) from None
     missing = sorted(set(expected) - seen)
     if missing:
         raise BadInput(f"{path}: bundle is incomplete: missing {', '.join(missing)}")
     return manifest
 
 
+def check_pack_out(out: Path) -> None:
+    """Refuse an output path that pack cannot write, before any work."""
+    if os.path.lexists(out):
+        raise BadInput(f"{out} already exists; choose another output path or remove it")
+    if not _is_dir(out.parent):
+        raise BadInput(f"{out}: the folder {out.parent} does not exist; create it first or choose another --out")
+
+
 def pack(directory: Path, out: Path) -> Path:
     """Write the transport form of a bundle directory, atomically (temp + rename)."""
     manifest = read_manifest_dir(directory)
-    if out.exists():
-        raise BadInput(f"{out} already exists; choose another output path or remove it")
-    fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.")
+    files = bundle_files(directory, manifest)  # the real files: a link inside the bundle is packed as the file it names
+    check_pack_out(out)
+    try:
+        fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.")
+    except OSError as exc:
+        raise BadInput(f"{out}: cannot write in {out.parent} ({exc.strerror})") from None
     os.close(fd)
     try:
         with tarfile.open(tmp, "w", format=tarfile.PAX_FORMAT) as tar:
-            tar.add(directory / MANIFEST, arcname=MANIFEST)
+            tar.addfile(_member(MANIFEST, manifest.to_json()), io.BytesIO(manifest.to_json()))
             for entry in manifest.files:
-                tar.add(directory / entry.path, arcname=entry.path)
+                with open_regular(files[entry.path]) as fh:
+                    info = _member(entry.path, b"")
+                    info.size = entry.size
+                    tar.addfile(info, fh)
         with open(tmp, "rb+") as fh:
             os.fsync(fh.fileno())
         os.replace(tmp, out)
@@ -298,3 +489,9 @@ def pack(directory: Path, out: Path) -> Path:
             os.unlink(tmp)
         raise
     return out
+
+
+def _member(name: str, data: bytes) -> tarfile.TarInfo:
+    info = tarfile.TarInfo(name)
+    info.size, info.mode, info.mtime = len(data), 0o644, int(time.time())
+    return info

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from runtime.cli.common import print_json
 from runtime.errors import BadInput
-from runtime.store import Store, pack
+from runtime.store import Store, check_pack_out, pack, parse_ref
 from runtime.units import fmt_bytes
 
 HELPS = {
@@ -48,8 +48,8 @@ def main(args: argparse.Namespace) -> int:
             size = fmt_bytes(sum(f.size for f in r.manifest.files))
             print(f"{'*' if r.current else ' '} {r.manifest.name:<28} {r.manifest.version:<20} {r.manifest.kind.value:<6} {size:>10}  {r.manifest.license}")
     elif cmd == "remove":
-        name, _, version = args.model.partition("@")
-        removed = store.remove(name, version or None)
+        name, version = parse_ref(args.model)  # "name@" is refused, not read as every version
+        removed = store.remove(name, version)
         print_json({"removed": [f"{name}@{v}" for v in removed]}) if args.json else print("removed " + ", ".join(f"{name}@{v}" for v in removed))
     elif cmd == "rollback":
         if "@" in args.model:
@@ -59,8 +59,9 @@ def main(args: argparse.Namespace) -> int:
     elif cmd == "pack":
         from runtime.resolve import resolve
 
-        model = resolve(args.model)
         out = Path(args.out)
+        check_pack_out(out)  # before resolving, which may build the model
+        model = resolve(args.model)
         if model.origin == "gguf":
             raise BadInput(f"{args.model} is a bare GGUF; install or wrap it in a bundle directory first")
         pack(model.directory, out)
