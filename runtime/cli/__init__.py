@@ -30,6 +30,7 @@ COMMANDS: dict[str, str] = {
     "pack": "runtime.cli.store_cmd",
     "convert": "converters.cli.convert_cmd",
     "bench": "runtime.cli.bench_cmd",
+    "verify": "runtime.cli.verify_cmd",
     "doctor": "devices.cli.doctor_cmd",
     "serial-peer": "devices.cli.serial_peer_cmd",
 }
