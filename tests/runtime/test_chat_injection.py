@@ -8,6 +8,9 @@ exactly llama.cpp's own tokenization of the whole rendering.
 
 from __future__ import annotations
 
+import io
+import json
+import os
 import time
 
 import pytest
@@ -16,6 +19,7 @@ from runtime.backends.base import SpecialToken
 from runtime.chat import ChatSession, _tokens, template_for
 from runtime.chat_template import ChatTemplate
 from runtime.chat_tokens import ChatTokenizer
+from runtime.cli import main as cli
 from runtime.errors import BadInput
 from runtime.llm import LLM
 from tests.runtime.fake_backend import FakeBackend
@@ -208,3 +212,20 @@ def test_legitimate_templates_still_loop_call_and_format() -> None:
     )
     out = ChatTemplate(source, "", "").render([{"role": "user", "content": " a "}, {"role": "assistant", "content": "bb"}])
     assert out == "1:USER:a (3 chars)   x2:ASSISTANT:bb (2 chars)   x0,1,2"
+
+
+def test_edgerun_chat_with_a_hostile_template_exits_2_in_one_line(smollm, tmp_path, monkeypatch, capsys) -> None:
+    bundle = tmp_path / "hostile"
+    bundle.mkdir()
+    os.link(smollm.path(), bundle / "model.gguf")  # the same verified weights, no copy
+    manifest = json.loads((smollm.path().parent / "manifest.json").read_text())
+    manifest["llm"]["chat_template"] = HOSTILE["nested loops"][0]
+    (bundle / "manifest.json").write_text(json.dumps(manifest))
+    monkeypatch.setattr("sys.stdin", io.StringIO("hi\n"))
+    t0 = time.perf_counter()
+    code = cli(["chat", str(bundle), "--memory", "1G", "--ctx", "256", "--threads", "1"])
+    err = capsys.readouterr().err
+    assert code == 2 and time.perf_counter() - t0 < 60
+    assert "Traceback" not in err
+    assert err.splitlines()[-1].startswith("edgerun: the chat template of smollm2-135m-instruct")
+    assert "loop iterations and calls" in err.splitlines()[-1]
