@@ -118,11 +118,13 @@ def test_a_multi_line_error_is_folded_to_one_line(capsys) -> None:
 
 # --- text that is not UTF-8: bytes in argv (decoded by Python with surrogateescape) and on stdin ---------------
 
-def _edgerun(args: list[bytes | str], stdin: bytes = b"") -> subprocess.CompletedProcess[bytes]:
+def _edgerun(args: list[bytes | str], stdin: bytes | int = b"") -> subprocess.CompletedProcess[bytes]:
+    """The CLI in a fresh interpreter; ``stdin`` is the bytes to feed, or a file descriptor (a terminal)."""
     # strict UTF-8 stdio, as in an en_US.UTF-8 terminal (the C and C.UTF-8 locales would use surrogateescape)
     env = {**os.environ, "PYTHONPATH": str(ROOT), "LC_ALL": "C.UTF-8", "PYTHONIOENCODING": "utf-8:strict", "OMP_NUM_THREADS": "1"}
+    feed = {"input": stdin} if isinstance(stdin, bytes) else {"stdin": stdin}
     code = "import sys; from runtime.cli import main; sys.exit(main())"
-    return subprocess.run([sys.executable, "-c", code, *args], input=stdin, capture_output=True, env=env, timeout=300)
+    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, env=env, timeout=300, **feed)
 
 
 @pytest.mark.parametrize(
@@ -148,6 +150,22 @@ def test_chat_input_that_is_not_utf8_is_refused(smollm) -> None:
     assert done.returncode == 2, err
     assert err[-1] == "edgerun: chat input line 1 is not valid UTF-8 (byte 0xff at character 1): give UTF-8 text", err
     assert not any("Traceback" in line for line in err)
+
+
+def test_an_interactive_chat_says_so_and_goes_on(smollm) -> None:
+    # on a terminal a bad line is a typing slip: one line on stderr, and the conversation goes on to /quit
+    import pty
+
+    controller, terminal = pty.openpty()
+    os.write(controller, b"\xffbonjour\n/quit\n")
+    try:
+        done = _edgerun(["chat", "default", "--memory", "1G"], stdin=terminal)
+    finally:
+        os.close(terminal)
+        os.close(controller)
+    err = done.stderr.decode()
+    assert done.returncode == 0, err
+    assert "edgerun: that line is not valid UTF-8 (byte 0xff at character 1): give UTF-8 text" in err, err
 
 
 def test_chat_input_with_surrogates_in_process(smollm, capsys, monkeypatch) -> None:
