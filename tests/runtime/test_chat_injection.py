@@ -11,6 +11,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import random
 import time
 
 import pytest
@@ -114,6 +115,30 @@ def test_benign_conversations_tokenize_exactly_as_llama_cpp_does(chats, family, 
     llm = chats[family]
     for add_generation_prompt in (True, False):
         assert _tokens(llm, template_for(llm), messages, add_generation_prompt) == _whole(llm, messages, add_generation_prompt)
+
+
+# Pieces that stress the split: whitespace a template trims, user-defined tokens (Gemma's whitespace
+# runs and HTML tags), halves of markers, non-ASCII text.
+PIECES = list("abcXYZ 019 \n\t.,;:!?<>/[]{}()|_-+*=&%$#@'\"") + [
+    "é", "日本", "🙂", "\u00a0", "<b>", "<s>", "[INST]", "\r\n", "    ", "<|", "|>", "<start_of", "turn>", "im_start", "<table>", "\n\n\n",
+]
+
+
+@pytest.mark.parametrize("family", ["smollm", "gemma"])
+def test_random_conversations_without_control_text_tokenize_as_llama_cpp_does(chats, family) -> None:
+    llm = chats[family]
+    controls = [t.text for t in llm.backend.special_tokens() if t.control]
+    rng = random.Random(7)
+    checked = 0
+    while checked < 150:
+        roles = (["system"] if rng.random() < 0.5 else []) + ["user", "assistant"] * rng.randint(1, 3)
+        messages = [{"role": r, "content": "".join(rng.choice(PIECES) for _ in range(rng.randint(0, 25)))} for r in roles[:-1]]
+        if any(c in m["content"] for m in messages for c in controls):
+            continue  # those are the forgeries, tokenized as text on purpose
+        checked += 1
+        add_generation_prompt = rng.random() < 0.5
+        ours = _tokens(llm, template_for(llm), messages, add_generation_prompt)
+        assert ours == _whole(llm, messages, add_generation_prompt), messages
 
 
 # A template that rewrites content (as Qwen3's drops reasoning before '</think>') cannot have its
