@@ -142,7 +142,7 @@ class LLMShape:
         """Bytes of one KV cell summed over the full-attention (or sliding-window) layers."""
         return sum(
             h * (self.key_length + self.value_length) * kv.bytes_per_element
-            for h, is_swa in zip(self.n_head_kv, self.swa_layers)
+            for h, is_swa in zip(self.n_head_kv, self.swa_layers, strict=True)
             if is_swa == swa
         )
 
@@ -287,7 +287,8 @@ def plan_llm(
     if floor > budget * (1 - RESERVE_FRACTION):
         raise DoesNotFit(
             f"{name}: the weights alone need {fmt_bytes(weights)} (+{fmt_bytes(floor - weights)} runtime) but the budget is"
-            f" {fmt_bytes(budget)} less a {RESERVE_FRACTION:.0%} reserve: {fmt_bytes(floor - budget * (1 - RESERVE_FRACTION))} over; give --memory of at least {fmt_bytes(floor * 1.3)}"
+            f" {fmt_bytes(budget)} less a {RESERVE_FRACTION:.0%} reserve: {fmt_bytes(floor - budget * (1 - RESERVE_FRACTION))} over;"
+            f" give --memory of at least {fmt_bytes(floor * 1.3)}"
         )
     desired = ctx or min(shape.n_ctx_train or DEFAULT_MAX_CTX, DEFAULT_MAX_CTX)
     kvs = [kv_type] if kv_type else [KVType.F16, KVType.Q8_0]
