@@ -7,9 +7,14 @@ Tokenizing a whole rendered conversation that way lets a message that contains
 Python over the template's own text only (llama-vocab.cpp,
 ``tokenizer_st_partition``), and each run of text between two markers, template
 text and message content together, is tokenized as plain text. For messages that
-contain no marker text, the ids are exactly those of tokenizing the whole
+hold no control token's text, the ids are exactly those of tokenizing the whole
 rendering with special tokens parsed (tests/runtime/test_chat_injection.py holds
-this against llama.cpp).
+this against llama.cpp on two template families).
+
+Content is told from template text by rendering with placeholders
+(:meth:`ChatTemplate.render_parts`). A template that trims content is handled; one
+that rewrites it otherwise (``content.split('</think>')[-1]``) is tokenized whole,
+and refused if a message holds a control token's text.
 
 User-defined tokens (Gemma's whitespace runs and HTML tags, for example) are
 vocabulary, not control: llama.cpp matches them even in plain text, as Hugging Face
@@ -67,6 +72,7 @@ class ChatTokenizer:
                 pieces.append((text, True))
                 continue
             pieces.extend(frag if isinstance(frag, int) else (frag, False) for frag in self.partition(text))
+        # BOS where the vocabulary asks for it (an EOS that add_eos vocabularies append is left out: no chat model sets it).
         ids = self.backend.tokenize("", add_bos=True, special=False)[:1] if add_bos else []
         run: list[str] = []
         for piece in [*pieces, None]:
