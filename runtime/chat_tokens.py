@@ -39,10 +39,13 @@ class ChatTokenizer:
         self.specials: Sequence[SpecialToken] = backend.special_tokens()
         self._by_id = {t.id: t for t in self.specials}
 
-    def partition(self, text: str) -> list[str | int]:
-        """``text`` split into plain-text pieces and special-token ids, as llama.cpp splits it."""
+    def partition(self, text: str, specials: Sequence[SpecialToken] | None = None) -> list[str | int]:
+        """``text`` split into plain-text pieces and special-token ids, as llama.cpp splits it.
+
+        ``specials``: a subset known to hold every special token in ``text`` (default: all).
+        """
         frags: list[str | int] = [text] if text else []
-        for tok in self.specials:  # longest first
+        for tok in self.specials if specials is None else specials:  # longest first
             if tok.text not in text:
                 continue
             out: list[str | int] = []
@@ -66,12 +69,14 @@ class ChatTokenizer:
 
     def encode(self, parts: Sequence[Part], *, add_bos: bool) -> list[int]:
         """Token ids: special tokens only from the template's text (``False`` parts), content as plain text."""
+        template_text = "\0".join(text for text, is_content in parts if not is_content)
+        present = [t for t in self.specials if t.text in template_text]  # one scan of the vocabulary's specials, not one per part
         pieces: list[int | Part] = []
         for text, is_content in parts:
             if is_content:
                 pieces.append((text, True))
                 continue
-            pieces.extend(frag if isinstance(frag, int) else (frag, False) for frag in self.partition(text))
+            pieces.extend(frag if isinstance(frag, int) else (frag, False) for frag in self.partition(text, present))
         # BOS where the vocabulary asks for it (an EOS that add_eos vocabularies append is left out: no chat model sets it).
         ids = self.backend.tokenize("", add_bos=True, special=False)[:1] if add_bos else []
         run: list[str] = []
