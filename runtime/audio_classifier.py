@@ -87,14 +87,14 @@ class AudioClassifier:
         if manifest.kind is not ModelKind.AUDIO or manifest.audio is None:
             raise BadInput(f"{manifest.ref} is a {manifest.kind.value} bundle, not an audio one")
         spec = manifest.audio
-        files = [model.directory / name for name in spec.frontend_files]
+        files = [model.file(name) for name in spec.frontend_files]  # the checked real paths
         weights = manifest.file("weights").size + sum(f.stat().st_size for f in files)
         # the model's batch is a segment's windows, whatever the number of files
         plan = plan_classifier(manifest, weights, memory or default_budget(), batch=SEGMENT_WINDOWS, resident_bytes=resident_bytes,
                                input_bytes=input_bytes + reading_bytes(inputs, spec.sample_rate) + segment_bytes(spec))
         placement = resolve_placement(manifest.backend.value, target, require_accelerator=require_accelerator, threads=threads,
                                       int8=spec.quantization == "int8")
-        labels = preprocess.read_labels(model.directory / spec.labels) if spec.labels else []
+        labels = preprocess.read_labels(model.file(spec.labels)) if spec.labels else []
         frontend = open_frontend(FrontEnd(spec.frontend), files, spec.input_shape, threads=placement.threads)
         try:
             backend = open_backend(model, placement)

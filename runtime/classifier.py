@@ -107,7 +107,7 @@ class Classifier:
         plan = plan_classifier(manifest, manifest.file("weights").size, budget, batch=batch, resident_bytes=resident_bytes)
         placement = resolve_placement(manifest.backend.value, target, require_accelerator=require_accelerator, threads=threads,
                                       int8=manifest.vision.quantization == "int8")
-        labels = preprocess.read_labels(model.directory / manifest.vision.labels) if manifest.vision.labels else []
+        labels = preprocess.read_labels(model.file(manifest.vision.labels)) if manifest.vision.labels else []
         backend = open_backend(model, placement)
         try:
             placement = placement.loaded(backend.offload(), require_accelerator=require_accelerator)

@@ -134,7 +134,8 @@ class Store:
         if not path.is_file():
             return []
         try:
-            history = json.loads(path.read_bytes()[: 1 << 20])["history"]
+            with open(path, "rb") as fh:
+                history = json.loads(fh.read(1 << 20))["history"]  # a list of versions: bounded read
             if not isinstance(history, list):
                 raise TypeError
         except (ValueError, KeyError, TypeError, RecursionError):
@@ -233,45 +234,56 @@ class Store:
         log.info("installed %s into %s", manifest.ref, target)
         return Installed(manifest, target, True)
 
-    def install_with(self, build: Callable[[Path], Manifest]) -> Installed:
+    def install_with(self, build: Callable[[Path], Manifest], reuse_same: bool = False) -> Installed:
         """Run ``build(staging_dir) -> Manifest`` and install its output atomically.
 
         ``build`` writes the bundle's files into the staging directory and returns
-        a manifest whose sizes and checksums it computed while writing.
+        a manifest whose sizes and checksums it computed while writing. With
+        ``reuse_same``, a name@version installed meanwhile (another process) with
+        the same files is returned instead of refused.
         """
         with self._locked():
             staging = self._staging("install-")
             try:
-                manifest = build(staging)
+                try:
+                    manifest = build(staging)
+                except OSError as exc:
+                    if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                        raise
+                    raise BadInput(f"model store {self.root}: the disk filled up while installing ({exc.strerror})") from None
                 check_ref(manifest.name, manifest.version)
                 if (self.models / manifest.name / manifest.version).exists():
+                    if reuse_same:
+                        return self._same_installed(manifest, "the bundle")
                     raise BadInput(f"{manifest.ref} is already installed; remove it first or give the bundle a new version")
                 return self._commit(staging, manifest)
             finally:
                 shutil.rmtree(staging, ignore_errors=True)
 
-    def install(self, bundle: Path | str) -> Installed:
+    def install(self, bundle: Path | str, reuse_same: bool = False) -> Installed:
         """Install a transport bundle (``.edgerun`` tar) or a bundle directory."""
         bundle = Path(bundle)
         if _is_dir(bundle):
-            return self.install_with(lambda staging: _copy_dir(bundle, staging))
+            return self.install_with(lambda staging: _copy_dir(bundle, staging), reuse_same)
         open_regular(bundle, "bundle").close()  # refuses a missing path, a FIFO or a device before tarfile opens it
-        return self.install_with(lambda staging: _extract_transport(bundle, staging))
+        return self.install_with(lambda staging: _extract_transport(bundle, staging), reuse_same)
 
     def install_or_reuse(self, bundle: Path | str) -> Installed:
         """The installed copy of ``bundle`` if the same bundle (name, version, file sizes and hashes)
         is installed, else a fresh install. A different bundle under an installed name@version is refused."""
         bundle = Path(bundle)
         manifest = read_manifest_dir(bundle) if _is_dir(bundle) else transport_manifest(bundle)
-        versions = self._versions(manifest.name)
-        if manifest.version in versions:
-            installed = self.get(manifest.name, manifest.version)
-            if not same_files(installed.manifest, manifest):
-                raise BadInput(f"{bundle}: {manifest.ref} is already installed with different files; "
-                               f"remove it (edgerun remove {manifest.ref}) or give the bundle a new version")
-            log.info("%s: the same bundle is installed as %s; using it", bundle, installed.directory)
-            return installed
-        return self.install(bundle)
+        if manifest.version in self._versions(manifest.name):
+            return self._same_installed(manifest, bundle)
+        return self.install(bundle, reuse_same=True)  # reuse_same: another process may install it meanwhile
+
+    def _same_installed(self, manifest: Manifest, where: object) -> Installed:
+        installed = self.get(manifest.name, manifest.version)
+        if not same_files(installed.manifest, manifest):
+            raise BadInput(f"{where}: {manifest.ref} is already installed with different files; "
+                           f"remove it (edgerun remove {manifest.ref}) or give the bundle a new version")
+        log.info("%s: the same bundle is installed as %s; using it", where, installed.directory)
+        return installed
 
     def remove(self, name: str, version: str | None = None) -> list[str]:
         check_ref(name, version)
@@ -446,8 +458,8 @@ def _extract_transport(path: Path, staging: Path | None) -> Manifest:
                         os.fsync(out.fileno())
                 _check_entry(path, entry.path, entry.sha256, entry.size, digest, size)
         except _TAR_FAULTS as exc:
-            if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
-                raise BadInput(f"{path}: the store's disk filled up while installing ({exc.strerror})") from None
+            if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise  # the store's disk, not the bundle: install_with says so
             raise BadInput(f"{path}: bundle is damaged or truncated ({exc})"[:400]) from None
     missing = sorted(set(expected) - seen)
     if missing:
@@ -484,6 +496,10 @@ def pack(directory: Path, out: Path) -> Path:
         with open(tmp, "rb+") as fh:
             os.fsync(fh.fileno())
         os.replace(tmp, out)
+    except OSError as exc:  # a disk that filled up, or a bundle file that changed while being packed
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise BadInput(f"{out}: not written ({exc})") from None
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)

@@ -185,5 +185,14 @@ def test_bench_an_edgerun_file_at_two_thread_counts(store: Store, digit_bundles:
     bundle = pack(digit_bundles["onnx"], tmp_path / "digits.edgerun")
     for _ in range(2):
         assert cli(["bench", str(bundle), "--threads", "1", "2", "--runs", "2", "--batch", "2", "--json"]) == 0
-        rows = json.loads(capsys.readouterr().out.split("\n", 1)[1])["results"]
+        rows = json.loads(capsys.readouterr().out)["results"]
         assert [r["threads"] for r in rows] == [1, 2]
+
+
+def test_a_bundle_installed_meanwhile_is_reused_under_the_lock(store: Store, tmp_path: Path) -> None:
+    """Two first runs of one .edgerun at once: the second finds it installed only when it commits."""
+    bundle = make_transport(tmp_path / "src")
+    first = store.install(bundle)
+    assert store.install(bundle, reuse_same=True).directory == first.directory
+    with pytest.raises(BadInput, match="already installed with different files"):
+        store.install(make_transport(tmp_path / "other", ctx=4096), reuse_same=True)
