@@ -44,6 +44,12 @@ class BackendError(EdgerunError):
     exit_code = 6
 
 
+class QualityGateFailed(EdgerunError):
+    """A conversion's quality gate refused the quantized model (llm, vision, audio); nothing was written."""
+
+    exit_code = 7
+
+
 def missing(module: str, extra: str) -> MissingDependency:
     """The error for an optional package that is not installed."""
     return MissingDependency(

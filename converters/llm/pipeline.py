@@ -27,19 +27,13 @@ from converters.llm.options import ConvertOptions, Quant
 from converters.llm.quality import DEFAULT_TEXT, QualityReport, evaluate, plot_kl, require_plotting
 from converters.llm.quantize import quantize
 from runtime.bundle import EXTENSION, FileEntry, Manifest, check_name, check_version, sha256_file
-from runtime.errors import BadInput, EdgerunError
+from runtime.errors import BadInput, QualityGateFailed
 from runtime.gguf_file import read_gguf
 from runtime.recipes import WEIGHTS_FILE, llm_manifest
 
 log = logging.getLogger(__name__)
 REPORT_FILE = "quality.json"
 PLOT_FILE = "quality-kl.png"
-
-
-class QualityGateFailed(EdgerunError):
-    """The quantized model drifted further from F16 than --max-kl allows; nothing was written."""
-
-    exit_code = 7
 
 
 @dataclass
