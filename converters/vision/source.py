@@ -4,11 +4,16 @@ MODEL is ``zoo:NAME`` (a packaged ImageNet model), a ``.pt2`` ExportedProgram,
 a TorchScript file (``.pt``/``.ts``, ONNX route only), an ``.onnx`` file, or a
 Keras model (``.keras`` file or a SavedModel directory; TFLite route only,
 through ``tensorflow-cpu``). Legacy ``.h5`` files are refused: re-save as ``.keras``.
+
+``.pt2``, TorchScript and Keras/SavedModel files are code as much as data: loading one can run what it carries
+(pickled objects, custom layers, graph ops that read or write files). :func:`load_source` logs one warning
+naming the file before it loads such a source; convert only files you trust.
 """
 
 from __future__ import annotations
 
 import enum
+import logging
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,6 +21,7 @@ from typing import Any
 
 from runtime.errors import BadInput, MissingDependency
 
+log = logging.getLogger(__name__)
 KERAS_SUFFIXES = (".h5", ".keras")
 TORCHSCRIPT_SUFFIXES = (".pt", ".ts", ".pth", ".jit")
 
@@ -54,6 +60,11 @@ def _stem(path: Path) -> str:
     return re.sub(r"[^a-z0-9._-]+", "-", path.stem.lower()).strip("-._")[:64] or "model"
 
 
+def warn_code(path: Path, what: str) -> None:
+    """The one stderr line (WARNING) before a source that can run code when loaded is loaded."""
+    log.warning("%s is a %s: loading it can run code it carries; convert only files from a source you trust", path, what)
+
+
 def load_source(ref: str) -> Source:
     if ref.startswith("zoo:"):
         from converters.vision import zoo
@@ -71,17 +82,20 @@ def load_source(ref: str) -> Source:
             raise BadInput(f"{ref}: a directory must be a SavedModel (saved_model.pb inside); give a model file or SavedModel directory")
         from converters.vision.tflite import keras_input_size
 
+        warn_code(path, "Keras SavedModel directory" if path.is_dir() else "Keras model")
         return Source(SourceKind.KERAS, _stem(path), keras_path=path, size=keras_input_size(path))
     if path.suffix == ".onnx":
         return Source(SourceKind.ONNX, _stem(path), onnx_path=path)
     torch = _torch()
     if path.suffix == ".pt2":
+        warn_code(path, "PyTorch ExportedProgram (.pt2)")
         try:
             program = torch.export.load(str(path))
         except Exception as exc:
             raise BadInput(f"{ref}: not a loadable ExportedProgram ({type(exc).__name__}: {str(exc)[:300]})") from None
         return Source(SourceKind.TORCH, _stem(path), module=program.module())
     if path.suffix in TORCHSCRIPT_SUFFIXES:
+        warn_code(path, "TorchScript file")
         try:
             module = torch.jit.load(str(path), map_location="cpu")
         except Exception as exc:
