@@ -11,7 +11,8 @@ plus a generated set of 192 crops/flips/brightness changes of them, and how many
 photos with a known ImageNet class get it right, and how often the float
 model agrees with itself when the same images get +-1 grey level of noise (the
 noise floor of top-1 agreement on this set), and the agreement over the images
-whose float top-1 survives that noise. Calibration uses 128 other
+whose float top-1 survives that noise, and whether the converter's default gate
+(converters.vision.gate.default_checks) passes the row. Calibration uses 128 other
 generated images (seed 1). Prints a Markdown table (for the README) and writes
 bench/results/vision.json.
 
@@ -135,6 +136,11 @@ def main() -> int:
                         row.update(agree_all=m["top1_agreement"], agree_top5=m["top5_agreement"], agree_photos=photo["top1_agreement"],
                                    cosine_min=m["cosine_min"], speedup=float_p50 / row["p50_1"])
                         row["agree_stable"], row["stable_n"] = gate.agreement_where_stable(outs["float"], noisy_out, outs[tag])
+                        checks = gate.default_checks(samples=len(ev), top1_agreement=m["top1_agreement"],
+                                                     top5_agreement=m["top5_agreement"], top1_agreement_stable=row["agree_stable"],
+                                                     stable_samples=row["stable_n"])
+                        row["default_gate"] = "passes" if all(c.passed for c in checks) else \
+                            "fails: " + ", ".join(c.name for c in checks if not c.passed)
                         if tag == "INT8 GPTQ":
                             row["gptq_seconds"] = gptq["seconds"]
                     else:
@@ -149,8 +155,8 @@ def main() -> int:
     print(f"machine: {out['cpus']} CPUs, load average {out['load_avg_start'][0]:.2f} at start, {out['load_avg_end'][0]:.2f} at end\n")
     print("| model | variant | size MiB | p50/p99 ms, 1 thread | p50/p99 ms, 2 threads | INT8/float p50 (1 thr) "
           "| top-1 agreement: photos / all 200 | where float is stable | top-5 agr. | cosine min | float vs itself, +-1 grey level "
-          "| photos correct |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+          "| photos correct | default gate |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
     for r in rows:
         agree = f"{r['agree_photos']:.0%} / {r['agree_all']:.1%}" if "agree_all" in r else ""
         speed = f"{1 / r['speedup']:.2f}x" if "speedup" in r else ""
@@ -160,7 +166,8 @@ def main() -> int:
         cos = f"{r['cosine_min']:.3f}" if "cosine_min" in r else ""
         stable = f"{r['agree_stable']:.1%} of {r['stable_n']}" if r.get("agree_stable") is not None else ""
         print(f"| {r['model']} | {r['variant']} | {r['size_mb']:.1f} | {r['p50_1']:.2f} / {r['p99_1']:.2f} "
-              f"| {r['p50_2']:.2f} / {r['p99_2']:.2f} | {speed} | {agree} | {stable} | {top5} | {cos} | {floor} | {correct} |")
+              f"| {r['p50_2']:.2f} / {r['p99_2']:.2f} | {speed} | {agree} | {stable} | {top5} | {cos} | {floor} | {correct} "
+              f"| {r.get('default_gate', '')} |")
     return 0
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from converters.vision.cli import add_gate_arguments, add_output_arguments, rounding_line
+from converters.vision.cli import CODE_WARNING, add_gate_arguments, add_output_arguments, gate_line, latency_line, rounding_line
 from converters.vision.recipes import Format, Quant, Rounding, parse
 from runtime.audio import FrontEnd
 from runtime.cli.common import print_json
@@ -14,7 +14,8 @@ HELP = "audio classifier/detector (zoo:NAME, .pt2 or .onnx) + its feature front 
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("model", help="zoo:NAME (openwakeword-alexa, openwakeword-weather), a .pt2 ExportedProgram, or an .onnx file")
+    parser.add_argument("model", help="zoo:NAME (openwakeword-alexa, openwakeword-weather), a .pt2 ExportedProgram, or an "
+                        f".onnx file. {CODE_WARNING}")
     parser.add_argument("--calib", required=True, type=Path,
                         help="calibration set: a folder of .wav files (through the front end) or an .npz with 'x' (model inputs)")
     add_output_arguments(parser)
@@ -24,9 +25,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="front-end model file, in order (openwakeword: melspectrogram.onnx then embedding_model.onnx)")
     parser.add_argument("--sample-rate", type=int, help="the model's sample rate in Hz (WAVs at other rates are resampled)")
     parser.add_argument("--labels", type=Path, help="class labels, one per line")
-    parser.add_argument("--eval", type=Path, help="evaluation set: a folder of .wav files or an .npz with 'x'")
+    parser.add_argument("--eval", type=Path, help="evaluation set: a folder of .wav files or an .npz with 'x' "
+                        "(default: every fifth --calib file, held out of calibration)")
     parser.add_argument("--threshold", type=float, default=0.5, help="detectors: the score that counts as detected (default 0.5)")
-    add_gate_arguments(parser, "top-1 (detectors: decision) agreement")
+    add_gate_arguments(parser)
 
 
 def main(args: argparse.Namespace) -> int:
@@ -53,7 +55,7 @@ def main(args: argparse.Namespace) -> int:
     acc = ""
     if r["accuracy_float"] is not None:
         acc = f"; clips right: float {r['accuracy_float']:.1%} / quantized {r['accuracy_quant']:.1%} of {r['labelled']} labelled"
-    print(f"  gate: agreement {r['top1_agreement']:.1%}, max abs error {r['max_abs_error']:.3g} on {r['samples']} windows{acc}")
-    print(f"  size {r['float_bytes'] / 2**20:.2f} -> {r['quant_bytes'] / 2**20:.2f} MiB, "
-          f"latency {r['float_latency_ms']:.3f} -> {r['quant_latency_ms']:.3f} ms (1 thread)")
+    print(f"  gate on {r['samples']} windows, {r['evaluation']}: {gate_line(r)}")
+    print(f"  agreement {r['top1_agreement']:.1%}, max abs error {r['max_abs_error']:.3g}{acc}")
+    print(f"  size {r['float_bytes'] / 2**20:.2f} -> {r['quant_bytes'] / 2**20:.2f} MiB, {latency_line(r)}")
     return 0

@@ -7,6 +7,8 @@ quantizer sees exactly what the runtime will feed; an .npz of ready windows
 packaging are the vision converter's (:mod:`converters.vision.pipeline`).
 A one-output model is a detector: the gate's top-1 agreement is agreement of
 its decisions at the threshold (see :func:`converters.vision.gate.compare`).
+Without ``--eval``, the gate scores every fifth file of the calibration folder
+(every fifth window of an .npz), held out of calibration (:func:`hold_out`).
 """
 
 from __future__ import annotations
@@ -21,13 +23,13 @@ from typing import Any
 import numpy as np
 
 from converters.vision import gate
-from converters.vision.calib import MAX_CALIBRATION
+from converters.vision.calib import HOLD_OUT_EVERY, MAX_CALIBRATION, MIN_CALIBRATION
 from converters.vision.pipeline import build_quantized, check_output, make_manifest, onnx_peak_bytes, package, write_extras
 from converters.vision.recipes import Format, Quant, Rounding
 from converters.vision.source import Source, SourceKind, load_source
 from runtime.audio import FrontEnd, load_audio, open_frontend, wav_files
 from runtime.bundle import AudioSpec, Manifest, ModelKind
-from runtime.errors import BadInput
+from runtime.errors import BadInput, QualityGateFailed
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +47,7 @@ class Options:
     sample_rate: int | None = None
     labels: Path | None = None
     eval: Path | None = None
-    min_agreement: float = 0.99
+    min_agreement: float | None = None  # None: the default gate (converters.vision.gate.default_checks)
     threshold: float = 0.5
     name: str | None = None
     version: str | None = None
@@ -128,6 +130,21 @@ def windows(folder: Path, frontend: Any, rate: int, limit: int | None = None) ->
     return clip_set(folder, frontend, rate, limit=limit).x
 
 
+def hold_out(cal: ClipSet, every: int = HOLD_OUT_EVERY) -> tuple[np.ndarray, ClipSet]:
+    """(calibration windows, evaluation set) with no --eval: every ``every``-th file goes to evaluation whole (its
+    windows overlap, so holding out single windows would score what calibrated), or every ``every``-th window of
+    an .npz, or of a folder with too few files to spare one."""
+    held = None
+    if cal.clip is not None and cal.clip.max() + 1 >= every:
+        held = cal.clip % every == every - 1
+    if held is None or len(cal.x) - held.sum() < MIN_CALIBRATION:
+        held = np.arange(len(cal.x)) % every == every - 1
+    if len(cal.x) - held.sum() < MIN_CALIBRATION:
+        raise BadInput(f"{len(cal.x)} calibration windows are too few to hold {100 // every} % out for the accuracy gate; "
+                       "give more audio, or an evaluation set with --eval")
+    return np.ascontiguousarray(cal.x[~held]), ClipSet(np.ascontiguousarray(cal.x[held]), None, None)
+
+
 def clip_accuracy(ev: ClipSet, scores: np.ndarray, threshold: float) -> float | None:
     """Labelled files classified right: a detector's best window against the threshold, else the best class over windows."""
     if ev.clip is None or ev.labels is None or not (ev.labels >= 0).any():
@@ -190,8 +207,11 @@ def _convert(opts: Options, source: Source, kind: FrontEnd, files: list[Path], r
     shape = _input_shape(source, kind, files)
     frontend = open_frontend(kind, files, shape)
     try:
-        cal = windows(opts.calib, frontend, rate, limit=MAX_CALIBRATION)
-        ev = clip_set(opts.eval, frontend, rate, labels) if opts.eval else ClipSet(cal, None, None)
+        if opts.eval:
+            cal = clip_set(opts.calib, frontend, rate, limit=MAX_CALIBRATION).x
+            ev = clip_set(opts.eval, frontend, rate, labels)
+        else:
+            cal, ev = hold_out(clip_set(opts.calib, frontend, rate, limit=MAX_CALIBRATION))
     finally:
         frontend.close()
     ext = opts.fmt.value
@@ -206,11 +226,12 @@ def _convert(opts: Options, source: Source, kind: FrontEnd, files: list[Path], r
         data.update(labelled=int((ev.labels >= 0).sum()), accuracy_float=clip_accuracy(ev, ref, opts.threshold),
                     accuracy_quant=clip_accuracy(ev, test, opts.threshold))
     data.update(recipe=choice.quant.value, why=choice.why, rounding=choice.rounding, format=ext, calibration_samples=len(cal), sample_rate=rate,
-                frontend=kind.value, evaluation=str(opts.eval) if opts.eval else f"the calibration set ({opts.calib}): no --eval given")
+                frontend=kind.value, evaluation=f"--eval {opts.eval}" if opts.eval else
+                f"held out of --calib {opts.calib} (every {HOLD_OUT_EVERY}th file, or window of an .npz; they did not calibrate): no --eval given")
     if not report.passed:
-        raise BadInput(f"accuracy gate failed: top-1 agreement {report.top1_agreement:.2%} with the float model is below "
-                       f"--min-agreement {opts.min_agreement:.2%} on {report.samples} windows (max abs error "
-                       f"{report.max_abs_error:.3g}); nothing was written. Try more representative --calib audio, or --quant fp16")
+        raise QualityGateFailed(f"accuracy gate failed on {report.samples} windows, {data['evaluation']}: {report.verdict()} "
+                                f"(max abs error {report.max_abs_error:.3g}); nothing was written. "
+                                "Try more representative --calib audio, or --quant fp16")
     entries = [("weights", model_path)]
     for i, f in enumerate(files):
         dst = bundle / f"frontend-{i}-{f.name}"

@@ -3,7 +3,10 @@
 Images go through :func:`runtime.preprocess.image_tensor` with the bundle's own
 spec, so calibration sees what the runtime will feed. An evaluation folder may
 hold its images in subfolders named by label (a label from the labels file, or
-a class index); those give accuracy against labels.
+a class index); those give accuracy against labels. A capped folder is sampled
+round-robin over its subfolders (:func:`balanced`), so 500 of 10,000 images see
+every class folder, not the first few in sorted order. Without an evaluation set,
+:func:`hold_out` keeps every fifth sample out of calibration for the gate to score.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from runtime.preprocess import image_tensor, load_rgb
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff")
 MIN_CALIBRATION, MAX_CALIBRATION = 8, 500
+HOLD_OUT_EVERY = 5  # no --eval: samples 4, 9, 14, ... (20 %) are scored by the gate and never calibrate
 
 
 @dataclass(frozen=True)
@@ -33,6 +37,36 @@ def _images(folder: Path) -> list[Path]:
     if not files:
         raise BadInput(f"{folder}: no images found (looked for {', '.join(IMAGE_SUFFIXES)})")
     return files
+
+
+def balanced(files: list[Path], limit: int | None) -> list[Path]:
+    """Up to ``limit`` of ``files`` (sorted), taken round-robin over the folders that hold them: the first file of
+    every folder, then the second of every folder, and so on. Deterministic; all of them when under the limit."""
+    folders: dict[Path, list[Path]] = {}
+    for f in files:
+        folders.setdefault(f.parent, []).append(f)
+    rounds = max(len(group) for group in folders.values())
+    order = [group[i] for i in range(rounds) for group in folders.values() if i < len(group)]
+    return order[:limit]
+
+
+def hold_out(samples: Samples, every: int = HOLD_OUT_EVERY) -> tuple[Samples, Samples]:
+    """(calibration, evaluation): every ``every``-th sample (the last of each run of ``every``) goes to evaluation.
+
+    Over a folder sampled by :func:`balanced`, consecutive samples come from different subfolders, so both parts
+    keep the class balance. A set too small to leave :data:`MIN_CALIBRATION` samples for calibration is refused."""
+    n = len(samples.x)
+    held = np.arange(n) % every == every - 1
+    if n - held.sum() < MIN_CALIBRATION:
+        need = next(k for k in range(n, 2 * MIN_CALIBRATION * every) if k - k // every >= MIN_CALIBRATION)
+        raise BadInput(f"{n} samples are too few to hold {100 // every} % out for the accuracy gate and still calibrate on "
+                       f"{MIN_CALIBRATION}; give at least {need}, or an evaluation set with --eval")
+
+    def part(mask: np.ndarray) -> Samples:
+        labels = None if samples.labels is None else samples.labels[mask]
+        return Samples(np.ascontiguousarray(samples.x[mask]), labels, tuple(np.array(samples.names, dtype=object)[mask]))
+
+    return part(~held), part(held)
 
 
 def _label_of(path: Path, root: Path, names: list[str]) -> int:
@@ -51,7 +85,7 @@ def load_samples(source: Path, spec: VisionSpec, input_shape: tuple[int, ...], l
     if not source.exists():
         raise BadInput(f"{source}: no such calibration/evaluation set (give a folder of images or an .npz)")
     if source.is_dir():
-        files = _images(source)[:limit]
+        files = balanced(_images(source), limit)
         x = image_tensor([load_rgb(p) for p in files], spec)
         ys = np.array([_label_of(p, source, labels or []) for p in files])
         return Samples(x, ys if (ys >= 0).any() else None, tuple(str(p.relative_to(source)) for p in files))

@@ -5,11 +5,14 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from converters.vision import gate
 from converters.vision.recipes import Format, Quant, Rounding, parse
 from runtime.bundle import ColorOrder, Layout, ResizeMode
 from runtime.cli.common import print_json
 from runtime.errors import BadInput
 
+CODE_WARNING = ("A .pt2, TorchScript or Keras/SavedModel source is code: loading it can run what it carries, so "
+                "convert only files you trust (a warning on stderr says so for each)")
 HELP = "image classifier (PyTorch zoo:NAME/.pt2/TorchScript or ONNX) -> calibrated INT8/INT4/FP16 TFLite or ONNX bundle"
 
 
@@ -25,7 +28,8 @@ def _floats(text: str, flag: str) -> tuple[float, ...]:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model",
-                        help="zoo:NAME (efficientnet-lite0, mobilenet-v2), a .pt2 ExportedProgram, a TorchScript file, or an .onnx file")
+                        help="zoo:NAME (efficientnet-lite0, mobilenet-v2), a .pt2 ExportedProgram, a TorchScript file, an .onnx "
+                             f"file, or a .keras file or SavedModel directory. {CODE_WARNING}")
     parser.add_argument("--calib", required=True, type=Path,
                         help="calibration set: a folder of images or an .npz of float inputs (100-500 samples)")
     add_output_arguments(parser)
@@ -36,12 +40,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--color-order", default="rgb", choices=[v.value for v in ColorOrder])
     parser.add_argument("--resize", default="center-crop", choices=[v.value for v in ResizeMode])
     parser.add_argument("--labels", type=Path, help="class labels, one per line")
-    parser.add_argument("--eval", type=Path, help="evaluation set (folder, optionally with label-named subfolders, or .npz with x, y)")
+    parser.add_argument("--eval", type=Path, help="evaluation set (folder, optionally with label-named subfolders, or .npz with x, y; "
+                        "default: every fifth --calib sample, held out of calibration)")
     parser.add_argument("--equalize", default="off", choices=["on", "off"],
                         help="INT8 for PyTorch sources: also try evening out activation ranges across channels (exact "
                              "rewrites of the float model) and keep the INT8 model closest to float on the calibration "
                              "set; about a minute more per candidate (default off; see converters/vision/equalize.py)")
-    add_gate_arguments(parser, "top-1 agreement")
+    add_gate_arguments(parser)
 
 
 def add_output_arguments(parser: argparse.ArgumentParser) -> None:
@@ -55,9 +60,16 @@ def add_output_arguments(parser: argparse.ArgumentParser) -> None:
                              "calibration set, about a minute for an ImageNet CNN) or nearest")
 
 
-def add_gate_arguments(parser: argparse.ArgumentParser, what: str) -> None:
+def add_gate_arguments(parser: argparse.ArgumentParser) -> None:
     """--min-agreement, --name, --version, --json: shared by the vision and audio converters."""
-    parser.add_argument("--min-agreement", type=float, default=0.99, help=f"fail below this {what} with the float model (default 0.99)")
+    parser.add_argument("--min-agreement", type=float,
+                        help="override the default accuracy gate: pass on top-1 (detectors: decision) agreement with the "
+                             "float model over every evaluation sample at or above this fraction, and on that alone. The "
+                             f"default gate asks for top-1 agreement >= {gate.STABLE_AGREEMENT_MIN:.0%} on the samples whose "
+                             f"float decision survives +-1 grey level of noise, top-5 agreement >= {gate.TOP5_AGREEMENT_MIN:.0%}, "
+                             f"and with labels an accuracy drop <= {gate.ACCURACY_DROP_MAX:.0%} (detectors: decision agreement "
+                             f">= {gate.DETECTOR_AGREEMENT_MIN:.0%} over every sample); the report carries both"
+                        .replace("%", "%%"))  # argparse formats help with %
     parser.add_argument("--name", help="bundle name (default: from the model)")
     parser.add_argument("--version", help="bundle version (default: QUANT-FORMAT)")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
@@ -87,19 +99,29 @@ def main(args: argparse.Namespace) -> int:
     acc = ""
     if r["accuracy_float"] is not None:
         acc = f", accuracy float {r['accuracy_float']:.1%} / quantized {r['accuracy_quant']:.1%} on {r['labelled']} labelled"
-    print(f"  gate: top-1 agreement {r['top1_agreement']:.1%}, top-5 {r['top5_agreement']:.1%}, cosine min {r['cosine_min']:.4f}, "
-          f"max abs error {r['max_abs_error']:.3g} on {r['samples']} samples{acc}; "
-          f"float vs itself under +-1 grey level of noise {r['float_self_agreement']:.1%}{stable_line(r)}")
-    print(f"  size {r['float_bytes'] / 2**20:.1f} -> {r['quant_bytes'] / 2**20:.1f} MiB, "
-          f"latency {r['float_latency_ms']:.2f} -> {r['quant_latency_ms']:.2f} ms (1 thread)")
+    print(f"  gate on {r['samples']} {r['evaluation']}: {gate_line(r)}")
+    print(f"  top-1 agreement {r['top1_agreement']:.1%}, top-5 {r['top5_agreement']:.1%}, cosine min {r['cosine_min']:.4f}, "
+          f"max abs error {r['max_abs_error']:.3g}{acc}; float vs itself under +-1 grey level of noise {r['float_self_agreement']:.1%}")
+    print(f"  size {r['float_bytes'] / 2**20:.1f} -> {r['quant_bytes'] / 2**20:.1f} MiB, {latency_line(r)}")
     return 0
 
 
-def stable_line(r: dict) -> str:
-    """Agreement on the samples whose float top-1 survives that noise (old reports lack it)."""
-    if r.get("top1_agreement_stable") is None:
-        return ""
-    return f", top-1 agreement {r['top1_agreement_stable']:.1%} on the {r['stable_samples']} samples where it holds"
+def gate_line(r: dict) -> str:
+    """Which criterion decided, and what the default gate's checks and --min-agreement (when given) said."""
+    g = r["gate"]
+    default = f"default gate {'passed' if g['default_passed'] else 'failed'} (" + ", ".join(
+        f"{c['name']} {c['value']:.1%}{c['over']} {'>=' if c['at_least'] else '<='} {c['bound']:.0%}" for c in g["default_checks"]) + ")"
+    if g["criterion"] == "default":
+        return default + "; --min-agreement not given"
+    return (f"--min-agreement {r['min_agreement']:.2%} decides: {'passed' if g['min_agreement_passed'] else 'failed'} "
+            f"(top-1 agreement {r['top1_agreement']:.1%} on all samples); {default}")
+
+
+def latency_line(r: dict) -> str:
+    """Float and quantized latency as measured at conversion, their ratio and where."""
+    ratio = "" if r.get("latency_ratio") is None else f"{r['latency_ratio']:.2f}x float; "
+    return (f"latency {r['float_latency_ms']:.2f} -> {r['quant_latency_ms']:.2f} ms ({ratio}"
+            f"batch 1, 1 thread, median of {gate.LATENCY_RUNS} runs on {r['cpu']} at conversion)")
 
 
 def rounding_line(rounding: dict) -> str:

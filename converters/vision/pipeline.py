@@ -3,8 +3,10 @@
 Everything is written under a temporary directory beside ``--out`` and becomes
 visible only at the end, by one rename (bundle directory) or by
 :func:`runtime.store.pack` (``.edgerun`` file, itself temp + rename). Any failure,
-including a gate below ``--min-agreement``, removes the temporary directory:
-nothing is left behind.
+including a failed accuracy gate (:class:`runtime.errors.QualityGateFailed`, exit 7),
+removes the temporary directory: nothing is left behind. Without ``--eval``, the gate
+scores samples held out of the calibration set (:func:`calib.hold_out`), never the
+images the quantizer calibrated on.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ from runtime.bundle import (
     check_version,
     sha256_file,
 )
-from runtime.errors import BadInput
+from runtime.errors import BadInput, QualityGateFailed
 from runtime.preprocess import log_softmax
 
 log = logging.getLogger(__name__)
@@ -66,7 +68,7 @@ class Options:
     resize: ResizeMode = ResizeMode.CENTER_CROP
     labels: Path | None = None
     eval: Path | None = None
-    min_agreement: float = 0.99
+    min_agreement: float | None = None  # None: the default gate (converters.vision.gate.default_checks)
     name: str | None = None
     version: str | None = None
     calib_limit: int = calibration.MAX_CALIBRATION
@@ -136,13 +138,13 @@ def convert(opts: Options) -> Result:
         shutil.rmtree(work, ignore_errors=True)
 
 
-def check_output(out: Path, min_agreement: float) -> None:
+def check_output(out: Path, min_agreement: float | None) -> None:
     """Refusals before any work: an existing --out, a missing parent directory, an agreement outside 0..1."""
     if out.exists():
         raise BadInput(f"{out} already exists; choose another --out or remove it")
     if not out.parent.is_dir():
         raise BadInput(f"{out.parent}: no such directory for --out")
-    if not 0.0 <= min_agreement <= 1.0:
+    if min_agreement is not None and not 0.0 <= min_agreement <= 1.0:
         raise BadInput(f"--min-agreement {min_agreement} must be between 0 and 1")
 
 
@@ -158,7 +160,10 @@ def _convert(opts: Options, source: Source, labels: list[str] | None, work: Path
     spec = _spec(opts, source, "labels.txt" if labels else None)
     shape = (1, 3, spec.size, spec.size) if spec.layout is Layout.NCHW else (1, spec.size, spec.size, 3)
     cal = calibration.load_samples(opts.calib, spec, shape, labels, limit=opts.calib_limit)
-    ev = calibration.load_samples(opts.eval, spec, shape, labels) if opts.eval else cal
+    if opts.eval:
+        ev = calibration.load_samples(opts.eval, spec, shape, labels)
+    else:
+        cal, ev = calibration.hold_out(cal)
     ext = opts.fmt.value
     float_path, bundle = work / f"float.{ext}", work / "bundle"
     bundle.mkdir()
@@ -167,16 +172,15 @@ def _convert(opts: Options, source: Source, labels: list[str] | None, work: Path
     choice = build_quantized(source, opts.fmt, opts.quant, cal.x, opts.calib, work, model_path,
                              nhwc=spec.layout is Layout.NHWC, onnx_module=onnx_module, rounding=opts.rounding,
                              equalize=opts.equalize)
-    report, ref, test = gate.run_gate(float_path, model_path, ext, ev.x, ev.labels, opts.min_agreement)
+    report, ref, test = gate.run_gate(float_path, model_path, ext, ev.x, ev.labels, opts.min_agreement,
+                                      noisy_x=noisy_inputs(ev.x, spec))
     data = _report(opts, choice, report, len(cal.x), source, ev, ref)
-    stable = gate.agreement_where_stable(ref, _noisy_outputs(float_path, ext, ev.x, spec), test)
-    data["top1_agreement_stable"], data["stable_samples"] = stable
-    data["float_self_agreement"] = floor = stable[1] / len(ev.x)  # the samples whose float top-1 the noise leaves alone
     if not report.passed:
-        raise BadInput(f"accuracy gate failed: top-1 agreement {report.top1_agreement:.2%} with the float model is below "
-                       f"--min-agreement {opts.min_agreement:.2%} on {report.samples} samples (cosine min {report.cosine_min:.4f}; "
-                       f"the float model agrees {floor:.2%} with itself under +-1 grey level of noise on this set{_stable(data)}); "
-                       f"nothing was written. Try {_remedies(opts, choice, source)}")
+        raise QualityGateFailed(
+            f"accuracy gate failed on {report.samples} {data['evaluation']}: {report.verdict()} (top-1 agreement "
+            f"{report.top1_agreement:.2%} on all samples, cosine min {report.cosine_min:.4f}; the float model agrees "
+            f"{report.float_self_agreement:.2%} with itself under +-1 grey level of noise on this set); "
+            f"nothing was written. Try {_remedies(opts, choice, source)}")
     files = [("weights", model_path)]
     title = f"{opts.name or source.name} {choice.quant.value} {ext}"
     io, arena = write_extras(bundle, files, labels, data, (report, ref, test), title, model_path, float_path)
@@ -355,22 +359,15 @@ def package(bundle: Path, manifest: Manifest, out: Path) -> None:
         bundle.rename(out)
 
 
-def _stable(data: dict[str, Any]) -> str:
-    if data["top1_agreement_stable"] is None:
-        return ", and no sample keeps its float top-1 under that noise"
-    return f"; agreement {data['top1_agreement_stable']:.2%} on the {data['stable_samples']} samples where it does not flip"
-
-
-def _noisy_outputs(float_path: Path, ext: str, x: np.ndarray, spec: VisionSpec, seed: int = 0) -> np.ndarray:
-    """The float model's outputs when every pixel moves by -1, 0 or +1 grey level at random. Its top-1 agreement
-    with the clean outputs is the noise floor under the gate's agreement on this evaluation set (no quantized
-    model can be asked to beat what an invisible change does to the float one); the samples it leaves unchanged
-    are the ones whose float decision means something (:func:`gate.agreement_where_stable`)."""
+def noisy_inputs(x: np.ndarray, spec: VisionSpec, seed: int = 0) -> np.ndarray:
+    """``x`` with every pixel moved by -1, 0 or +1 grey level at random. The float model's top-1 agreement with
+    itself over these is the noise floor under the gate's agreement on this evaluation set (no quantized model
+    can be asked to beat what an invisible change does to the float one); the samples it leaves unchanged are
+    the ones whose float decision means something (:func:`gate.agreement_where_stable`)."""
     std = np.asarray(spec.std, np.float32)
     shape = (1, -1, 1, 1) if spec.layout is Layout.NCHW else (1, 1, 1, -1)
     noise = np.random.default_rng(seed).integers(-1, 2, x.shape).astype(np.float32) / std.reshape(shape)
-    with gate.open_model(float_path, ext) as model:
-        return gate.outputs(model, (x + noise).astype(np.float32))
+    return (x + noise).astype(np.float32)
 
 
 def _nchw(module: Any, spec: VisionSpec) -> Any:
@@ -433,11 +430,18 @@ def onnx_peak_bytes(path: Path, shape: list[int] | None, work: Path) -> int:
     return peak_live_bytes(steps, sizes, [i.name for i in inferred.graph.input], [o.name for o in inferred.graph.output])
 
 
+def evaluation_line(eval_set: Path | None, calib: Path) -> str:
+    """What the gate scored, for the report and the CLI: the --eval set, or the samples held out of --calib."""
+    if eval_set is not None:
+        return f"samples of --eval {eval_set}"
+    return (f"samples held out of --calib {calib} (every {calibration.HOLD_OUT_EVERY}th, "
+            f"{100 // calibration.HOLD_OUT_EVERY} %; they did not calibrate): no --eval given")
+
+
 def _report(opts: Options, choice: Choice, report: gate.GateReport, n_cal: int, source: Source, ev: Any, ref: np.ndarray) -> dict[str, Any]:
     data = report.to_dict()
     data.update(recipe=choice.quant.value, why=choice.why, rounding=choice.rounding, equalization=choice.equalization,
-                format=opts.fmt.value, calibration_samples=n_cal,
-                evaluation=str(opts.eval) if opts.eval else f"the calibration set ({opts.calib}): no --eval given")
+                format=opts.fmt.value, calibration_samples=n_cal, evaluation=evaluation_line(opts.eval, opts.calib))
     if source.module is not None:
         data["conversion"] = _parity(source.module, ev.x, ref, opts)
     return data

@@ -1,8 +1,10 @@
 """Quantization recipes and output formats, and the choice of recipe for a model.
 
-Measured on this machine (issue 4): full-integer static INT8 makes CNNs ~2x
-faster and ~3.5x smaller; dynamic-range and INT4-weight recipes make CNNs
-smaller but slower than float, while for MatMul/FullyConnected-heavy models
+Full-integer static INT8 makes CNNs ~3.5x smaller everywhere; whether it makes them faster depends on the
+CPU: 0.39-0.53x float latency on an x86 CPU with VNNI, about 1x on one without 8-bit dot products (README,
+vision benchmark). So no recipe promises a speed-up: every conversion measures float and quantized latency on
+the machine that converts and reports both, their ratio and the CPU (converters.vision.gate). Dynamic-range
+and INT4-weight recipes make CNNs smaller but slower than float, while for MatMul/FullyConnected-heavy models
 INT4 weights pay (an MLP went 5.8 -> 1.2 ms). ``auto`` follows that.
 """
 
@@ -62,5 +64,6 @@ def choose(requested: Quant, ops: dict[str, int]) -> Choice:
             hint = "; this model is convolutional: int4w weights make it smaller but slower than float, int8 is faster"
         return Choice(requested, f"requested ({census}){hint}")
     if conv >= matmul:
-        return Choice(Quant.INT8, f"auto: {census}: full-integer static INT8 runs convolutions ~2x faster than float")
+        return Choice(Quant.INT8, f"auto: {census}: full-integer static INT8 (~3.5x smaller; faster than float only on CPUs "
+                                  "with 8-bit dot products: see the latency measured here)")
     return Choice(Quant.INT4W, f"auto: {census}: 4-bit weights shrink and speed up matmul-heavy models")

@@ -42,6 +42,13 @@ def test_int8_bundle_passes_gate_and_records_preprocessing(digit_bundles: dict[s
     assert report["rounding"]["method"] == "nearest" and "graph" in report["rounding"]["why"]
     assert not report["equalization"]["applied"] and "--equalize on" in report["equalization"]["why"]  # opt-in
     assert report["quant_bytes"] < report["float_bytes"]
+    # latency as measured here at conversion, not a promise: both medians, their ratio and this CPU's name
+    from devices.cpu import read_cpu
+    from devices.rootfs import RootFS
+
+    assert report["float_latency_ms"] > 0 and report["latency_ratio"] == report["quant_latency_ms"] / report["float_latency_ms"]
+    assert report["cpu"] == read_cpu(RootFS.at("/")).model
+    assert report["gate"]["criterion"] == "default" and report["gate"]["default_passed"] and report["min_agreement"] is None
     assert (bundle / "report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -92,7 +99,7 @@ def _bad_image_folder(tmp: Path) -> Path:
 
 
 @pytest.mark.parametrize("case, extra, model, message", CASES, ids=[c[0] for c in CASES])
-def test_refusals_exit_2_and_leave_nothing(digits: Digits, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+def test_refusals_exit_with_their_code_and_leave_nothing(digits: Digits, tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                            case: str, extra, model: str | None, message: str | tuple[str, ...]) -> None:
     work = tmp_path / "work"
     work.mkdir()
@@ -112,7 +119,7 @@ def test_refusals_exit_2_and_leave_nothing(digits: Digits, tmp_path: Path, capsy
         args[2] = str(work / f"model.{model}")
         (work / f"model.{model}").write_bytes(b"PK")
     capsys.readouterr()
-    assert edgerun(args) == 2
+    assert edgerun(args) == (7 if case == "gate-fails" else 2)  # a failed quality gate exits 7, bad input 2
     err = capsys.readouterr().err
     for part in (message,) if isinstance(message, str) else message:
         assert part in err, err

@@ -1,0 +1,79 @@
+"""Calibration sets: capped folders sampled across their class folders, and the evaluation samples held out of
+calibration when no --eval is given."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from converters.vision.calib import HOLD_OUT_EVERY, MIN_CALIBRATION, Samples, balanced, hold_out, load_samples
+from runtime.bundle import VisionSpec
+from runtime.cli import main as edgerun
+from runtime.errors import BadInput
+from tests.converters.vision.conftest import convert_args
+from tests.converters.vision.digits import Digits
+
+
+def _files(root: Path, counts: dict[str, int]) -> list[Path]:
+    return sorted(root / folder / f"{i:03d}.png" for folder, n in counts.items() for i in range(n))
+
+
+def test_a_capped_folder_is_sampled_round_robin_over_its_subfolders(tmp_path: Path) -> None:
+    files = _files(tmp_path, {"ant": 6, "bee": 2, "cat": 6})
+    picked = balanced(files, 7)
+    # the first 7 sorted files would all be ants; round-robin takes every folder in turn
+    assert [p.parent.name for p in picked] == ["ant", "bee", "cat", "ant", "bee", "cat", "ant"]
+    assert [p.name for p in picked[:3]] == ["000.png"] * 3 and picked[3].name == "001.png"
+    assert sorted(balanced(files, None)) == files and sorted(balanced(files, 100)) == files  # under the cap: all of them
+
+
+def test_load_samples_sees_every_class_folder_under_the_cap(tmp_path: Path) -> None:
+    from PIL import Image
+
+    names = ["ant", "bee", "cat"]
+    for i, name in enumerate(names):  # 12 images per class, each class its own grey level
+        for j in range(12):
+            (tmp_path / name).mkdir(exist_ok=True)
+            Image.fromarray(np.full((4, 4, 3), 50 * (i + 1), np.uint8)).save(tmp_path / name / f"{j:02d}.png")
+    got = load_samples(tmp_path, VisionSpec(size=4), (1, 4, 4, 3), names, limit=9)
+    assert got.labels is not None and sorted(got.labels.tolist()) == [0, 0, 0, 1, 1, 1, 2, 2, 2]
+
+
+def _samples(n: int, labelled: bool = True) -> Samples:
+    return Samples(np.arange(n, dtype=np.float32).reshape(n, 1), np.arange(n) % 3 if labelled else None,
+                   tuple(f"s{i}" for i in range(n)))
+
+
+def test_hold_out_keeps_every_fifth_sample_for_the_gate() -> None:
+    cal, ev = hold_out(_samples(23))
+    assert ev.x[:, 0].tolist() == [4, 9, 14, 19] and ev.names == ("s4", "s9", "s14", "s19")
+    assert ev.labels is not None and ev.labels.tolist() == [1, 0, 2, 1]  # labels follow their samples
+    assert len(cal.x) == 19 and not set(cal.x[:, 0].tolist()) & set(ev.x[:, 0].tolist())  # disjoint
+    assert hold_out(_samples(23, labelled=False))[1].labels is None
+    assert HOLD_OUT_EVERY == 5  # 20 %, as the CLI help and the report say
+
+
+def test_hold_out_refuses_a_set_too_small_to_split() -> None:
+    cal, ev = hold_out(_samples(MIN_CALIBRATION + 1))  # 9 samples: 8 calibrate, 1 is scored
+    assert (len(cal.x), len(ev.x)) == (MIN_CALIBRATION, 1)
+    with pytest.raises(BadInput, match="too few to hold 20 % out.*give at least 9, or an evaluation set with --eval"):
+        hold_out(_samples(MIN_CALIBRATION))
+
+
+def test_without_eval_the_gate_scores_held_out_samples(digits: Digits, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # the labelled evaluation folder as --calib and no --eval: a fifth of it is held out, balanced over the labels
+    args = convert_args(digits, tmp_path / "b", "onnx")
+    i = args.index("--eval")
+    args[args.index("--calib") + 1] = args[i + 1]
+    del args[i : i + 2]
+    capsys.readouterr()
+    assert edgerun(args) == 0
+    report = json.loads((tmp_path / "b" / "report.json").read_text())
+    n = len(digits.test_images)
+    assert report["samples"] == n // HOLD_OUT_EVERY and report["calibration_samples"] == n - n // HOLD_OUT_EVERY
+    assert report["evaluation"].startswith("samples held out of --calib") and "no --eval given" in report["evaluation"]
+    assert report["labelled"] == report["samples"]  # every held-out sample keeps its label folder
+    assert "held out of --calib" in capsys.readouterr().out  # and the CLI line says so
