@@ -12,10 +12,14 @@ tools) read it like a checkpoint from the Hub:
   when transformers wrote a generic one (SmolLM2 splits digits one by one);
 * ``config.json`` gets ``torch_dtype`` next to ``dtype``.
 
+``--as-saved`` skips that step: the folder is exactly what transformers wrote.
+The converter needs none of the rewrites (it identifies tokenizers by what
+they do); the tests convert both forms.
+
 Usage::
 
     python scripts/derive_hf_checkpoint.py default /tmp/smollm2-hf
-    python scripts/derive_hf_checkpoint.py path/to/model.gguf OUT_DIR [--dtype bfloat16]
+    python scripts/derive_hf_checkpoint.py path/to/model.gguf OUT_DIR [--dtype bfloat16] [--as-saved]
 
 The weights are the GGUF's dequantized weights (Q4_1 for SmolLM2): a faithful
 float checkpoint *of that GGUF*, not of the original training run.
@@ -96,7 +100,7 @@ def _normalize(out: Path, gguf_file: Path) -> None:
     cfg_path.write_text(json.dumps(cfg, indent=2) + "\n")
 
 
-def derive(ref: str, out: Path, dtype: str = "bfloat16") -> Path:
+def derive(ref: str, out: Path, dtype: str = "bfloat16", *, as_saved: bool = False) -> Path:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -116,7 +120,8 @@ def derive(ref: str, out: Path, dtype: str = "bfloat16") -> Path:
             del model.config.quantization_config
         model.save_pretrained(tmp)
         tok.save_pretrained(tmp)
-        _normalize(tmp, gguf_file)
+        if not as_saved:
+            _normalize(tmp, gguf_file)
         tmp.rename(out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -128,8 +133,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("model", help="'default', an installed/recipe model name, or a .gguf path")
     p.add_argument("out", type=Path, help="output directory (must not exist)")
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+    p.add_argument("--as-saved", action="store_true", help="keep the files exactly as transformers saved them")
     args = p.parse_args(argv)
-    out = derive(args.model, args.out, args.dtype)
+    out = derive(args.model, args.out, args.dtype, as_saved=args.as_saved)
     print(out)
     return 0
 

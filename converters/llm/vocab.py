@@ -5,14 +5,20 @@ Supported:
 * SentencePiece ``tokenizer.model`` files (Llama 2, TinyLlama, Gemma: pieces,
   scores and token types through gguf's ``SentencePieceVocab``; needs the
   ``sentencepiece`` package);
-* SentencePiece-style BPE saved as ``tokenizer.json`` only (byte fallback; what
-  transformers 5 writes for Gemma 3): llama.cpp's "llama" vocabulary, with
-  scores from the merge order and types from the added tokens;
+* a SentencePiece vocabulary saved as ``tokenizer.json`` only (transformers 5
+  writes no tokenizer.model): llama.cpp's "llama" vocabulary, types from the
+  added tokens. A byte-fallback BPE (a Hub checkpoint re-saved) gets scores
+  from its merge order, so llama.cpp merges as the BPE does; a byte-fallback
+  Unigram (what transformers writes for a vocabulary it read from a GGUF)
+  keeps its SentencePiece scores, which llama.cpp merges by, as its own
+  converter does with a tokenizer.model of either kind: that reproduces the
+  SentencePiece BPE the GGUF came from, not a Viterbi segmentation;
 * byte-level BPE in ``tokenizer.json`` (GPT-2 style: SmolLM2, Llama 3.x,
   Qwen2/2.5), with the llama.cpp pre-tokenizer found by
   :mod:`converters.llm.pretokenizer` the way llama.cpp's converter finds it.
 
-Whatever llama.cpp would tokenize differently from the checkpoint is refused.
+A text handling llama.cpp does not implement is refused rather than converted
+into a model that tokenizes differently.
 Merges, special token ids, add-BOS/EOS flags and the chat template come from
 gguf's ``SpecialVocab``.
 """

@@ -121,3 +121,35 @@ def test_parity_check_catches_a_layout_error(spec_id, target, mutant, tiny_root:
         monkeypatch.setattr("converters.llm.checkpoint.transform", mutant)
     ckpt = tiny_root / spec_id
     assert _rel_err(ckpt, _to_gguf(ckpt, tmp_path / "wrong.gguf")) > 10 * RTOL_GELU
+
+
+def test_unigram_tokenizer_json_tokenizes_like_its_tokenizer_model(tiny_copy, tmp_path: Path) -> None:
+    # transformers writes a vocabulary it read from a GGUF as a byte-fallback Unigram tokenizer.json with the
+    # SentencePiece scores (and no tokenizer.model). Rebuilt that way from the tiny Gemma's own tokenizer.model,
+    # it must give llama.cpp the vocabulary the tokenizer.model route gives: the same ids on the test text.
+    import json
+
+    import sentencepiece as spm
+
+    from tests.converters.llm.tiny import CORPUS
+
+    ckpt = tiny_copy("gemma3")
+    sp = spm.SentencePieceProcessor(model_file=str(ckpt / "tokenizer.model"))
+    tj = json.loads((ckpt / "tokenizer.json").read_text())
+    tj["model"] = {"type": "Unigram", "unk_id": sp.unk_id(), "byte_fallback": True,
+                   "vocab": [[sp.id_to_piece(i), sp.get_score(i)] for i in range(sp.get_piece_size())]}
+    unigram = tmp_path / "unigram"
+    unigram.mkdir()
+    for p in ckpt.iterdir():
+        if p.name != "tokenizer.model":
+            (unigram / p.name).write_bytes(p.read_bytes())
+    (unigram / "tokenizer.json").write_text(json.dumps(tj))
+    text = (TEST_TEXT + "\n" + "\n".join(CORPUS)).encode()
+    ids = []
+    for d in (ckpt, unigram):
+        llm = _llama(_to_gguf(d, tmp_path / f"{d.name}.gguf"), vocab_only=True)
+        try:
+            ids.append(llm.tokenize(text, add_bos=True, special=False))
+        finally:
+            llm.close()
+    assert ids[0] == ids[1]

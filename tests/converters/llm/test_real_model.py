@@ -3,7 +3,10 @@
 scripts/derive_hf_checkpoint.py turns the packaged GGUF into a Hugging Face
 folder (transformers dequantizes it); we convert that folder like any
 checkpoint and check that ``edgerun run`` answers with the bundle and that the
-report carries measured numbers within the default gates.
+report carries measured numbers within the default gates. The "as-saved" folder
+is exactly what transformers 5 wrote (a byte-level pre-tokenizer without
+SmolLM's digit split, byte_fallback set, the template in chat_template.jinja);
+the "normalized" one has the derive script's rewrites. Both must convert alike.
 """
 
 from __future__ import annotations
@@ -20,19 +23,29 @@ from runtime.cli import main as cli
 ROOT = Path(__file__).resolve().parents[3]
 
 
-@pytest.fixture(scope="module")
-def smollm_hf(smollm, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def derive_script():
     spec = importlib.util.spec_from_file_location("derive_hf_checkpoint", ROOT / "scripts" / "derive_hf_checkpoint.py")
     derive = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(derive)  # type: ignore[union-attr]
-    return derive.derive(str(smollm.path()), tmp_path_factory.mktemp("hf") / "smollm2-135m-instruct")
+    return derive
+
+
+@pytest.fixture(scope="module")
+def smollm_hf(smollm, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return derive_script().derive(str(smollm.path()), tmp_path_factory.mktemp("hf") / "smollm2-135m-instruct")
+
+
+@pytest.fixture(scope="module")
+def smollm_hf_as_saved(smollm, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return derive_script().derive(str(smollm.path()), tmp_path_factory.mktemp("hf") / "smollm2-as-saved", as_saved=True)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("quant", ["q8_0", "q4_k_m"])
-def test_real_checkpoint_converts_runs_and_reports(quant, smollm_hf: Path, tmp_path: Path, capsys) -> None:
+@pytest.mark.parametrize("quant,folder", [("q8_0", "smollm_hf"), ("q4_k_m", "smollm_hf_as_saved")])
+def test_real_checkpoint_converts_runs_and_reports(quant, folder, request, tmp_path: Path, capsys) -> None:
+    ckpt = request.getfixturevalue(folder)
     out = tmp_path / "bundle"
-    assert cli(["convert", "llm", str(smollm_hf), "--quant", quant, "--out", str(out), "--license", "Apache-2.0"]) == 0
+    assert cli(["convert", "llm", str(ckpt), "--quant", quant, "--out", str(out), "--license", "Apache-2.0"]) == 0
     capsys.readouterr()
     quality = read_manifest_dir(out).reports["quality"]
     assert quality["passed"] and quality["tokens"] > 500
@@ -44,8 +57,12 @@ def test_real_checkpoint_converts_runs_and_reports(quant, smollm_hf: Path, tmp_p
 
 
 @pytest.mark.slow
-def test_real_tokenizer_ids_match_hf(smollm_hf: Path, tmp_path: Path) -> None:
-    # SmolLM2's 49k-token BPE with its digit-splitting pre-tokenizer, on the multilingual parity text.
+@pytest.mark.parametrize("folder", ["smollm_hf", "smollm_hf_as_saved"])
+def test_real_tokenizer_ids_match_hf(folder, request, tmp_path: Path) -> None:
+    # SmolLM2's 49k-token BPE, on the multilingual parity text. Its merges build no multi-digit token, so the
+    # as-saved pre-tokenizer (no digit split) gives SmolLM's ids: llama.cpp's check-text hash says "smollm"
+    # for both folders, as for the original checkpoint (the structure of tokenizer.json said "gpt2").
+    smollm_hf = request.getfixturevalue(folder)
     from llama_cpp import Llama
     from transformers import AutoTokenizer
 
@@ -61,6 +78,7 @@ def test_real_tokenizer_ids_match_hf(smollm_hf: Path, tmp_path: Path) -> None:
     llm = Llama(str(out), vocab_only=True, verbose=False)
     try:
         ours = llm.tokenize(text.encode("utf-8"), add_bos=False, special=False)
+        assert llm.metadata["tokenizer.ggml.pre"] == "smollm"
     finally:
         llm.close()
     assert ours == AutoTokenizer.from_pretrained(smollm_hf).encode(text, add_special_tokens=False)
