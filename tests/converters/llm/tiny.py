@@ -113,14 +113,10 @@ def build_sentencepiece(out: Path, vocab_size: int = 700, gemma: bool = False, j
     return tok
 
 
-def build_tokenizer(pre: str, out: Path, vocab_size: int = 700, json_only: bool = False) -> Any:
-    """Train a byte-level BPE whose pre-tokenizer is the HF form of llama.cpp's ``pre``; save to ``out``."""
-    if pre in ("spm", "spm-gemma"):
-        return build_sentencepiece(out, vocab_size, gemma=pre == "spm-gemma", json_only=json_only)
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
+def hf_pre_tokenizer(pre: str) -> Any:
+    """The pre-tokenizer for llama.cpp's ``pre`` as the family's tokenizer.json writes it (tokenizers objects)."""
+    from tokenizers import Regex, pre_tokenizers
 
-    tok = Tokenizer(models.BPE())
     byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=pre in ("gpt-2", "smollm"))
     steps = {
         "gpt-2": [byte_level],
@@ -129,7 +125,18 @@ def build_tokenizer(pre: str, out: Path, vocab_size: int = 700, json_only: bool 
         "qwen2": [pre_tokenizers.Split(Regex(QWEN2_REGEX), behavior="isolated"), byte_level],
         "whitespace": [pre_tokenizers.Whitespace()],  # not a llama.cpp pre-tokenizer: must be refused
     }[pre]
-    tok.pre_tokenizer = pre_tokenizers.Sequence(steps) if len(steps) > 1 else steps[0]
+    return pre_tokenizers.Sequence(steps) if len(steps) > 1 else steps[0]
+
+
+def build_tokenizer(pre: str, out: Path, vocab_size: int = 700, json_only: bool = False) -> Any:
+    """Train a byte-level BPE whose pre-tokenizer is the HF form of llama.cpp's ``pre``; save to ``out``."""
+    if pre in ("spm", "spm-gemma"):
+        return build_sentencepiece(out, vocab_size, gemma=pre == "spm-gemma", json_only=json_only)
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = hf_pre_tokenizer(pre)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIALS,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
