@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from converters.vision.cli import CODE_WARNING, add_gate_arguments, add_output_arguments, gate_line, latency_line, rounding_line
+from converters.vision.cli import CODE_WARNING, add_gate_arguments, add_output_arguments, latency_line, rounding_line
 from converters.vision.recipes import Format, Quant, Rounding, parse
 from runtime.audio import FrontEnd
 from runtime.cli.common import print_json
@@ -55,7 +55,7 @@ def main(args: argparse.Namespace) -> int:
     acc = ""
     if r["accuracy_float"] is not None:
         acc = f"; clips right: float {r['accuracy_float']:.1%} / quantized {r['accuracy_quant']:.1%} of {r['labelled']} labelled"
-    print(f"  gate on {r['samples']} windows, {r['evaluation']}: {gate_line(r)}")
+    print(f"  gate on {r['samples']} windows, {r['evaluation']}: {r['gate']['verdict']}")
     print(f"  agreement {r['top1_agreement']:.1%}, max abs error {r['max_abs_error']:.3g}{acc}")
     print(f"  size {r['float_bytes'] / 2**20:.2f} -> {r['quant_bytes'] / 2**20:.2f} MiB, {latency_line(r)}")
     return 0

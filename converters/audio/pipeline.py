@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import shutil
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -221,13 +221,13 @@ def _convert(opts: Options, source: Source, kind: FrontEnd, files: list[Path], r
     choice = build_quantized(source, opts.fmt, opts.quant, cal, opts.calib, work, model_path, rounding=opts.rounding)
     float_path = work / f"float.{ext}"
     report, ref, test = gate.run_gate(float_path, model_path, ext, ev.x, None, opts.min_agreement, threshold=opts.threshold)
+    if ev.labels is not None and (ev.labels >= 0).any():  # accuracy per labelled file, not per window; the gate checks it
+        report = replace(report, labelled=int((ev.labels >= 0).sum()), accuracy_float=clip_accuracy(ev, ref, opts.threshold),
+                         accuracy_quant=clip_accuracy(ev, test, opts.threshold))
     data = report.to_dict()
-    if ev.labels is not None and (ev.labels >= 0).any():  # accuracy per labelled file, not per window
-        data.update(labelled=int((ev.labels >= 0).sum()), accuracy_float=clip_accuracy(ev, ref, opts.threshold),
-                    accuracy_quant=clip_accuracy(ev, test, opts.threshold))
+    held = f"held out of --calib {opts.calib} (every {HOLD_OUT_EVERY}th file, or window of an .npz; they did not calibrate): no --eval given"
     data.update(recipe=choice.quant.value, why=choice.why, rounding=choice.rounding, format=ext, calibration_samples=len(cal), sample_rate=rate,
-                frontend=kind.value, evaluation=f"--eval {opts.eval}" if opts.eval else
-                f"held out of --calib {opts.calib} (every {HOLD_OUT_EVERY}th file, or window of an .npz; they did not calibrate): no --eval given")
+                frontend=kind.value, evaluation=f"--eval {opts.eval}" if opts.eval else held)
     if not report.passed:
         raise QualityGateFailed(f"accuracy gate failed on {report.samples} windows, {data['evaluation']}: {report.verdict()} "
                                 f"(max abs error {report.max_abs_error:.3g}); nothing was written. "

@@ -99,22 +99,11 @@ def main(args: argparse.Namespace) -> int:
     acc = ""
     if r["accuracy_float"] is not None:
         acc = f", accuracy float {r['accuracy_float']:.1%} / quantized {r['accuracy_quant']:.1%} on {r['labelled']} labelled"
-    print(f"  gate on {r['samples']} {r['evaluation']}: {gate_line(r)}")
+    print(f"  gate on {r['samples']} {r['evaluation']}: {r['gate']['verdict']}")
     print(f"  top-1 agreement {r['top1_agreement']:.1%}, top-5 {r['top5_agreement']:.1%}, cosine min {r['cosine_min']:.4f}, "
           f"max abs error {r['max_abs_error']:.3g}{acc}; float vs itself under +-1 grey level of noise {r['float_self_agreement']:.1%}")
     print(f"  size {r['float_bytes'] / 2**20:.1f} -> {r['quant_bytes'] / 2**20:.1f} MiB, {latency_line(r)}")
     return 0
-
-
-def gate_line(r: dict) -> str:
-    """Which criterion decided, and what the default gate's checks and --min-agreement (when given) said."""
-    g = r["gate"]
-    default = f"default gate {'passed' if g['default_passed'] else 'failed'} (" + ", ".join(
-        f"{c['name']} {c['value']:.1%}{c['over']} {'>=' if c['at_least'] else '<='} {c['bound']:.0%}" for c in g["default_checks"]) + ")"
-    if g["criterion"] == "default":
-        return default + "; --min-agreement not given"
-    return (f"--min-agreement {r['min_agreement']:.2%} decides: {'passed' if g['min_agreement_passed'] else 'failed'} "
-            f"(top-1 agreement {r['top1_agreement']:.1%} on all samples); {default}")
 
 
 def latency_line(r: dict) -> str:

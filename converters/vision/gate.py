@@ -31,8 +31,8 @@ from runtime.classifier import time_calls
 from runtime.preprocess import dequantize, quantize
 
 LATENCY_RUNS = 20
-# The default gate (default_checks), set from what was measured on bench/vision.py's 200 images (README, vision
-# benchmark). Good conversions, the ones shipped (GPTQ INT8, default options): top-1 agreement over the samples
+# The default gate (default_checks), set from what was measured on bench/vision.py's 200 images (docs/benchmarks.md,
+# vision). Good conversions, the ones shipped (GPTQ INT8, default options): top-1 agreement over the samples
 # whose float decision is stable 78.6-80.1 % (MobileNetV2 ONNX/TFLite) and 96.6-97.2 % (EfficientNet-Lite0),
 # top-5 agreement 98-100 %. Broken ones: ORT's saturating U8S8 kernels on an x86 CPU without VNNI, 65.5 % top-1
 # over all 200 (at most 66.8 % of the 196 stable ones); calibration at half the inputs' real range, 44.4 % and
@@ -143,10 +143,10 @@ class GateReport:
         default = f"default gate {'passed' if self.default_passed else 'failed'}: " + ", ".join(
             c.describe() + ("" if c.passed else " FAILED") for c in self.checks)
         if self.min_agreement is None:
-            return default
+            return f"{default}; --min-agreement not given"
         mine = (f"--min-agreement {self.min_agreement:.2%} {'passed' if self.passed else 'failed'} "
                 f"(top-1 agreement {self.top1_agreement:.1%} on all {self.samples} samples)")
-        return f"{mine}; decides over the {default}"
+        return f"{mine} and decides; {default}"
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -155,6 +155,7 @@ class GateReport:
             "default_passed": self.default_passed,
             "default_checks": [{**asdict(c), "passed": c.passed} for c in self.checks],
             "min_agreement_passed": None if self.min_agreement is None else self.top1_agreement >= self.min_agreement,
+            "verdict": self.verdict(),
         })
         return data
 

@@ -53,6 +53,11 @@ def test_int8_tflite_bundle_carries_front_end_and_passes_gate(bundles: dict[str,
     assert report == json.loads((bundle / "report.json").read_text())
     assert report["passed"] and report["top1_agreement"] >= 0.99 and report["samples"] > 100
     assert report["labelled"] == 10 and report["accuracy_float"] == 1.0 and report["accuracy_quant"] == 1.0  # per clip
+    # the default gate judged a detector on its decisions over every window and on the clips' accuracy, and passed
+    gate = report["gate"]
+    assert gate["criterion"] == "default" and gate["default_passed"] and report["min_agreement"] is None
+    assert [c["name"] for c in gate["default_checks"]] == ["decision agreement", "accuracy drop"]
+    assert report["latency_ratio"] == report["quant_latency_ms"] / report["float_latency_ms"] and report["cpu"]
     # GPTQ looked at the head's 3 Linear layers; at most 500 windows is under 4 rows per weight for each: nearest, said so
     assert report["rounding"]["method"] == "nearest" and len(report["rounding"]["nearest"]) == 3
     assert report["quant_bytes"] * 3 < report["float_bytes"]
