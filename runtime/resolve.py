@@ -97,7 +97,8 @@ def resolve(ref: str, store: Store | None = None, *, full_check: bool = False) -
         try:
             mode = os.stat(path).st_mode
         except OSError:
-            raise BadInput(f"{path}: no such file or directory (give a bundle, a .gguf file, or a model name; see 'edgerun list')") from None
+            raise BadInput(f"{path}: no such file or directory "
+                           "(give a bundle, a .gguf file, or a model name; see 'edgerun list')") from None
         if stat.S_ISDIR(mode):
             return _verified(read_manifest_dir(path), path, store, "bundle-dir", full_check)
         if not stat.S_ISREG(mode):

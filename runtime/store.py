@@ -130,7 +130,7 @@ class Store:
 
     # -- reading -------------------------------------------------------------
     def _history(self, name: str) -> list[str]:
-        path = self.models / name / "state.json"
+        path = self.models / check_name(name) / "state.json"
         if not path.is_file():
             return []
         try:
@@ -146,13 +146,19 @@ class Store:
         self._check_root()
         if not self.models.is_dir():
             return []
-        return sorted(p.name for p in self.models.iterdir() if _valid(check_name, p.name) and p.is_dir() and self._versions(p.name))
+        return sorted(p.name for p in self._entries(self.models) if _valid(check_name, p.name) and p.is_dir() and self._versions(p.name))
 
     def _versions(self, name: str) -> list[str]:
         directory = self.models / check_name(name)
         if not directory.is_dir():
             return []
-        return sorted(p.name for p in directory.iterdir() if _valid(check_version, p.name) and (p / MANIFEST).is_file())
+        return sorted(p.name for p in self._entries(directory) if _valid(check_version, p.name) and (p / MANIFEST).is_file())
+
+    def _entries(self, directory: Path) -> list[Path]:
+        try:
+            return list(directory.iterdir())
+        except OSError as exc:
+            raise self._unusable(f"cannot read {directory} ({exc.strerror})") from None
 
     def list(self) -> list[Installed]:
         """Every installed version. One unreadable bundle is logged by name and skipped, not fatal to the list."""
