@@ -6,10 +6,8 @@ a value is out of the writer's reach), so only the content checks can refuse it.
 
 from __future__ import annotations
 
-import io
 import json
-import multiprocessing
-import resource
+import subprocess
 import sys
 from pathlib import Path
 
@@ -22,6 +20,7 @@ from runtime.gguf_file import read_gguf
 from tests.ggufgen import set_scalar, write_tiny
 
 VOCAB = 32
+ROOT = Path(__file__).resolve().parents[2]
 T = GGUFValueType
 
 
@@ -126,18 +125,23 @@ def test_well_formed_contents_are_accepted(tmp_path: Path) -> None:
     assert info.metadata["tokenizer.ggml.merges"].length == 600 and info.arch_value("expert_used_count") == 2
 
 
-def _run_cli(argv: list[str], out: str) -> None:
-    """Child process body: the CLI in-process, its exit code and stderr written to ``out``; address space capped so
-    that a plan which tries to allocate per-layer lists for 2**31 layers fails fast instead of swapping the machine."""
-    with open("/proc/self/status") as f:
-        vm = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmSize:"))
-    resource.setrlimit(resource.RLIMIT_AS, (vm + (3 << 30), resource.RLIM_INFINITY))
-    sys.stderr = io.StringIO()
-    try:
-        code = cli(argv)
-    except BaseException as exc:  # the failure this test exists to catch: report it rather than die silently
-        code = f"{type(exc).__name__}: {exc}"
-    Path(out).write_text(json.dumps({"code": code, "stderr": sys.stderr.getvalue()}))
+# Child process body: the CLI in-process in a fresh interpreter (a fork of this multithreaded test process could
+# deadlock), its exit code and stderr written out; the address space is capped so that a plan which tries to allocate
+# per-layer lists for 2**31 layers fails fast instead of swapping the machine.
+_CHILD = """
+import io, json, resource, sys
+from pathlib import Path
+with open("/proc/self/status") as f:
+    vm = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmSize:"))
+resource.setrlimit(resource.RLIMIT_AS, (vm + (3 << 30), resource.RLIM_INFINITY))
+from runtime.cli import main
+sys.stderr = io.StringIO()
+try:
+    code = main(json.loads(sys.argv[2]))
+except BaseException as exc:  # the failure this test exists to catch: report it rather than die silently
+    code = f"{type(exc).__name__}: {exc}"
+Path(sys.argv[1]).write_text(json.dumps({"code": code, "stderr": sys.stderr.getvalue()}))
+"""
 
 
 # The three files the issue reproduced: 2**31-1 layers hung `edgerun run` past a minute, 2**32-1 layers ended in a
@@ -155,15 +159,12 @@ def test_edgerun_run_refuses_absurd_architecture_numbers(tmp_path: Path, key: st
     path = write_tiny(tmp_path / "absurd.gguf")
     set_scalar(path, key, value)
     out = tmp_path / "result.json"
-    # A forked child runs the CLI in-process (same code path as the tests above), so that a hang can be timed out.
-    child = multiprocessing.get_context("fork").Process(
-        target=_run_cli, args=(["run", str(path), "--prompt", "hi", "--memory", "4G"], str(out)))
-    child.start()
-    child.join(30)
-    if child.is_alive():
-        child.kill()
-        child.join()
-        pytest.fail(f"edgerun run {key}={value} still running after 30 s")
+    # A child interpreter runs the CLI in-process (same code path as the tests above), so that a hang can be timed out.
+    argv = ["run", str(path), "--prompt", "hi", "--memory", "4G"]
+    try:
+        subprocess.run([sys.executable, "-c", _CHILD, str(out), json.dumps(argv)], cwd=ROOT, timeout=60, check=False)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"edgerun run {key}={value} still running after 60 s")
     result = json.loads(out.read_text())
     assert result["code"] == 2, result
     assert result["stderr"].startswith(f"edgerun: {path}: GGUF {fragment} (") and result["stderr"].count("\n") == 1, result
