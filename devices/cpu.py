@@ -8,6 +8,19 @@ from dataclasses import dataclass
 
 from devices.rootfs import RootFS
 
+GGML_MAX_N_THREADS = 512  # ggml.h: the most threads ggml's CPU masks and thread pools are built for
+
+
+def max_threads(logical_cpus: int | None = None) -> int:
+    """The most CPU threads a caller may ask for: 4 x the logical CPUs (this machine's by default), at most ggml's 512.
+
+    More threads than cores only oversubscribes them (a few times over is still a
+    measurement someone may want); thousands make libgomp fail inside llama.cpp and
+    make ONNX Runtime's thread pool hang at start.
+    """
+    return min(4 * (logical_cpus or os.cpu_count() or 1), GGML_MAX_N_THREADS)
+
+
 # ARM "CPU part" ids (MIDR) of the cores on boards we support, from ARM's TRMs.
 ARM_PARTS = {
     0xD03: "Cortex-A53",

@@ -22,6 +22,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from devices.accelerators import AcceleratorKind
+from devices.cpu import GGML_MAX_N_THREADS, max_threads
 from devices.capabilities import GPU_PROVIDERS, NPU_PROVIDERS, Backend, BackendCaps, probe
 from devices.machine import Machine, detect
 from devices.target import Target
@@ -166,6 +167,10 @@ def resolve_placement(
     if not isinstance(busy_threads, int) or isinstance(busy_threads, bool) or busy_threads < 0:
         raise BadInput(f"busy_threads={busy_threads!r} is invalid; give the threads other engines run (>= 0)")
     machine = machine or detect("/")
+    if threads is not None and threads > max_threads(machine.cpu.logical_cpus):
+        # thousands of threads make libgomp fail inside llama.cpp and ONNX Runtime's pool hang at start
+        raise BadInput(f"threads={threads} is invalid; give an integer from 1 to {max_threads(machine.cpu.logical_cpus)} "
+                       f"(4 x the {machine.cpu.logical_cpus} logical CPUs, at most {GGML_MAX_N_THREADS})")
     caps = caps or probe(kind)
     if not caps.installed:
         why = f" ({caps.error})" if caps.error else ""

@@ -15,22 +15,12 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+from devices.cpu import GGML_MAX_N_THREADS, max_threads
 from runtime.units import shown, size_problem
 
 INT32_MAX = 2**31 - 1  # llama.cpp's counts (n_ctx cells, n_predict, top_k) and LiteRT's tensor dimensions are int32
-GGML_MAX_N_THREADS = 512  # ggml.h: the most threads ggml's CPU masks and thread pools are built for
 MAX_BATCH = 65536  # rows per call; LiteRT's dimensions are int32, and no budget holds more rows of any real model
 MAX_RUNS = 1_000_000  # timed runs per bench setting
-
-
-def max_threads() -> int:
-    """The most CPU threads a flag may ask for: 4 x the logical CPUs, at most ggml's 512.
-
-    More threads than cores only oversubscribes them (a few times over is still a
-    measurement someone may want); thousands make libgomp fail inside llama.cpp and
-    make ONNX Runtime's thread pool hang at start.
-    """
-    return min(4 * (os.cpu_count() or 1), GGML_MAX_N_THREADS)
 
 
 def _integer(text: str, lo: int, hi: int, valid: str) -> int:

@@ -114,6 +114,9 @@ def test_this_machine_llamacpp_gpu_falls_back():
         ({"backend": "null", "target": "tpu"}, BadInput, "valid targets: cpu, gpu, npu, auto"),  # unknown target lists choices
         ({"backend": "null", "target": "cpu", "require_accelerator": True}, BadInput, "contradicts"),  # contradictory flags
         ({"backend": "null", "threads": 0}, BadInput, "threads=0"),  # zero threads
+        # thousands of threads: libgomp fails inside llama.cpp, ONNX Runtime's pool hangs (the library, not only the CLI)
+        ({"backend": "null", "threads": 10000}, BadInput, "threads=10000 is invalid; give an integer from 1 to "),
+        ({"backend": "null", "threads": 2**31}, BadInput, "threads=2147483648"),
         ({"backend": "null", "n_layers": -1}, BadInput, "n_layers=-1"),  # negative layer count
         ({"backend": "null", "busy_threads": -1}, BadInput, "busy_threads=-1"),  # negative busy threads
     ],
@@ -204,3 +207,12 @@ def test_int8_on_a_cpu_without_dot_product_says_it_is_not_faster(fixture, slow):
     assert ("INT8 about as fast as float" in p.summary()) is slow
     plain = resolve_placement("litert", "cpu", machine=board(fixture), caps=LITERT_PLAIN, threads=2)
     assert not any("INT8" in n for n in plain.notes)
+
+
+def test_thread_cap_is_the_placed_machines():
+    # The cap is 4 x the logical CPUs of the machine placed on (a Pi 5 tree has 4), not of the machine running the test.
+    pi5 = _with_load(board("pi5"), 0.0)
+    assert pi5.cpu.logical_cpus == 4
+    assert resolve_placement("null", "cpu", threads=16, machine=pi5).threads == 16
+    with pytest.raises(BadInput, match=r"threads=17 is invalid; give an integer from 1 to 16 \(4 x the 4 logical CPUs"):
+        resolve_placement("null", "cpu", threads=17, machine=pi5)

@@ -11,7 +11,7 @@ from runtime.cli import main as cli
 from tests.ggufgen import write_tiny
 
 RUN_FIELDS = {"text", "tokens_in", "tokens_out", "ttft_ms", "prefill_tps", "decode_tps", "peak_rss_bytes", "n_ctx",
-              "kv_type", "truncated", "prefix_cache_hit", "placement", "plan"}
+              "kv_type", "truncated", "prefix_cache_hit", "placement", "plan", "seed"}
 
 
 def _one_line_error(capsys, code: int, expected: int, fragment: str) -> None:
