@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from converters.llm.options import ConvertOptions, Quant
+from runtime.cli import flags
 
 HELP = "Hugging Face checkpoint -> quantized GGUF bundle with a quality report against F16"
 CLI_QUANTS = [q.value for q in Quant if q != Quant.F32]
@@ -21,10 +22,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--version", help="bundle version (default: the quant type)")
     parser.add_argument("--license", default="unknown", help="license recorded in the manifest")
     parser.add_argument("--eval-text", type=Path, help="UTF-8 text to measure quality on (default: a text shipped with edgerun)")
-    parser.add_argument("--max-kl", type=float, help="fail when mean KL(F16 || quant) exceeds this many nats (default per quant: "
+    parser.add_argument("--max-kl", type=flags.number(0, 100, "mean KL in nats"), help="fail when mean KL(F16 || quant) exceeds this many nats (default per quant: "
                         + ", ".join(f"{q.value} {q.default_max_kl}" for q in Quant if q != Quant.F32) + ")")
-    parser.add_argument("--eval-ctx", type=int, default=256, help="tokens per evaluation window")
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--eval-ctx", type=flags.integer(16, 32768, "tokens in one llama.cpp evaluation context"), default=256, help="tokens per evaluation window")
+    parser.add_argument("--threads", type=flags.thread_count, default=2)
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
 
 

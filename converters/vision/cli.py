@@ -8,6 +8,7 @@ from pathlib import Path
 from converters.vision import gate
 from converters.vision.recipes import Format, Quant, Rounding, parse
 from runtime.bundle import ColorOrder, Layout, ResizeMode
+from runtime.cli import flags
 from runtime.cli.common import print_json
 from runtime.errors import BadInput
 
@@ -33,7 +34,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--calib", required=True, type=Path,
                         help="calibration set: a folder of images or an .npz of float inputs (100-500 samples)")
     add_output_arguments(parser)
-    parser.add_argument("--size", type=int, help="square input side in pixels (default: the model's)")
+    parser.add_argument("--size", type=flags.integer(8, 4096, "pixels; 4096 x 4096 x 3 floats is 192 MiB per image"), help="square input side in pixels (default: the model's)")
     parser.add_argument("--layout", choices=[v.value for v in Layout], help="input layout (default nhwc for tflite, nchw for onnx)")
     parser.add_argument("--mean", help="per-channel mean in pixel units, one or three values: input = (pixel - mean) / std")
     parser.add_argument("--std", help="per-channel std in pixel units, one or three values")

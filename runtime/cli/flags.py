@@ -65,6 +65,23 @@ def seconds(hi: float) -> Callable[[str], float]:
     return parse
 
 
+def number(lo: float, hi: float, why: str = "") -> Callable[[str], float]:
+    """An argparse ``type=`` for a finite number in [lo, hi] (NaN and inf refused: they compare false with every bound)."""
+    valid = f"a number from {lo:g} to {hi:g}" + (f" ({why})" if why else "")
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{shown(text)} is not a number: use {valid}") from None
+        if not (math.isfinite(value) and lo <= value <= hi):
+            raise argparse.ArgumentTypeError(f"{shown(text)} is out of range: use {valid}")
+        return value
+
+    parse.__name__ = "number"
+    return parse
+
+
 def size(minimum: int = 1) -> Callable[[str], int]:
     """An argparse ``type=`` for a byte size (``512M``, ``1.5G``) in [minimum, 2^48]."""
 
