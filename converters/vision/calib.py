@@ -22,6 +22,7 @@ from runtime.preprocess import image_tensor, load_rgb
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff")
 MIN_CALIBRATION, MAX_CALIBRATION = 8, 500
+MIN_EVALUATION = 4  # held-out samples the gate needs: one or two would make its agreement 0 %, 50 % or 100 %
 HOLD_OUT_EVERY = 5  # no --eval: samples 4, 9, 14, ... (20 %) are scored by the gate and never calibrate
 
 
@@ -51,16 +52,28 @@ def balanced(files: list[Path], limit: int | None) -> list[Path]:
 
 
 def hold_out(samples: Samples, every: int = HOLD_OUT_EVERY) -> tuple[Samples, Samples]:
-    """(calibration, evaluation): every ``every``-th sample (the last of each run of ``every``) goes to evaluation.
+    """(calibration, evaluation): one sample in ``every`` of each class goes to evaluation.
 
-    Over a folder sampled by :func:`balanced`, consecutive samples come from different subfolders, so both parts
-    keep the class balance. A set too small to leave :data:`MIN_CALIBRATION` samples for calibration is refused."""
+    The class is the sample's label, else its subfolder (an .npz without labels is one class). Within a class,
+    sample r of class g is held out when (r + g) % every == every - 1: a class with ``every`` or more samples
+    lands in both parts, and classes with fewer take turns. (Every ``every``-th sample of :func:`balanced`'s
+    round-robin order would hold out whole classes: with 5 or 10 folders, the same folders every time.)
+    A set too small to leave :data:`MIN_CALIBRATION` samples for calibration is refused."""
     n = len(samples.x)
-    held = np.arange(n) % every == every - 1
-    if n - held.sum() < MIN_CALIBRATION:
-        need = next(k for k in range(n, 2 * MIN_CALIBRATION * every) if k - k // every >= MIN_CALIBRATION)
-        raise BadInput(f"{n} samples are too few to hold {100 // every} % out for the accuracy gate and still calibrate on "
-                       f"{MIN_CALIBRATION}; give at least {need}, or an evaluation set with --eval")
+    keys = samples.labels.tolist() if samples.labels is not None else [name.rpartition("/")[0] for name in samples.names]
+    groups: dict[object, int] = {}  # class -> its index, in order of first appearance
+    seen: dict[object, int] = {}  # class -> samples of it so far
+    held = np.zeros(n, dtype=bool)
+    for i, key in enumerate(keys):
+        g = groups.setdefault(key, len(groups))
+        r = seen[key] = seen.get(key, -1) + 1
+        held[i] = (r + g) % every == every - 1
+    if n - held.sum() < MIN_CALIBRATION or held.sum() < MIN_EVALUATION:
+        need = max(n + 1, next(k for k in range(n, 4 * (MIN_CALIBRATION + MIN_EVALUATION) * every)
+                               if k - k // every >= MIN_CALIBRATION and k // every >= MIN_EVALUATION))
+        raise BadInput(f"{n} samples are too few to hold {100 // every} % out for the accuracy gate ({held.sum()} held out, at "
+                       f"least {MIN_EVALUATION} needed) and still calibrate on {MIN_CALIBRATION}; give at least {need} (more "
+                       "where classes have fewer than 5 samples), or an evaluation set with --eval")
 
     def part(mask: np.ndarray) -> Samples:
         labels = None if samples.labels is None else samples.labels[mask]

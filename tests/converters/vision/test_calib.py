@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from converters.vision.calib import HOLD_OUT_EVERY, MIN_CALIBRATION, Samples, balanced, hold_out, load_samples
+from converters.vision.calib import HOLD_OUT_EVERY, MIN_CALIBRATION, MIN_EVALUATION, Samples, balanced, hold_out, load_samples
 from runtime.bundle import VisionSpec
 from runtime.cli import main as edgerun
 from runtime.errors import BadInput
@@ -48,18 +48,37 @@ def _samples(n: int, labelled: bool = True) -> Samples:
 
 
 def test_hold_out_keeps_every_fifth_sample_for_the_gate() -> None:
-    cal, ev = hold_out(_samples(23))
-    assert ev.x[:, 0].tolist() == [4, 9, 14, 19] and ev.names == ("s4", "s9", "s14", "s19")
-    assert ev.labels is not None and ev.labels.tolist() == [1, 0, 2, 1]  # labels follow their samples
+    cal, ev = hold_out(_samples(23, labelled=False))  # one class (no labels, no subfolders): every fifth sample
+    assert ev.x[:, 0].tolist() == [4, 9, 14, 19] and ev.names == ("s4", "s9", "s14", "s19") and ev.labels is None
     assert len(cal.x) == 19 and not set(cal.x[:, 0].tolist()) & set(ev.x[:, 0].tolist())  # disjoint
-    assert hold_out(_samples(23, labelled=False))[1].labels is None
+    cal, ev = hold_out(_samples(30))  # labels i % 3: within each class, sample r of class g when (r + g) % 5 == 4
+    assert ev.x[:, 0].tolist() == [8, 10, 12, 23, 25, 27] and ev.labels.tolist() == [2, 1, 0, 2, 1, 0]  # labels follow
     assert HOLD_OUT_EVERY == 5  # 20 %, as the CLI help and the report say
 
 
+def test_hold_out_keeps_every_class_in_both_parts() -> None:
+    # balanced()'s round-robin order over 5 and 10 class folders: holding out every fifth position would hold out
+    # one whole class (5 folders) or two (10 folders, digits' "four" and "nine") and never calibrate on them.
+    for classes in (5, 10):
+        labels = np.tile(np.arange(classes), 10)
+        x = np.arange(len(labels), dtype=np.float32)[:, None]
+        names = tuple(f"c{c}/{i:03d}.png" for i, c in enumerate(labels))
+        for samples in (Samples(x, labels, names), Samples(x, None, names)):  # by label, else by subfolder
+            cal, ev = hold_out(samples)
+            cal_classes = {n.split("/")[0] for n in cal.names}
+            ev_classes = [n.split("/")[0] for n in ev.names]
+            assert cal_classes == set(ev_classes) == {f"c{c}" for c in range(classes)}
+            assert all(ev_classes.count(f"c{c}") == 2 for c in range(classes))  # 2 of each class's 10
+            assert len(ev.x) == len(x) // HOLD_OUT_EVERY and not set(cal.x[:, 0]) & set(ev.x[:, 0])
+
+
 def test_hold_out_refuses_a_set_too_small_to_split() -> None:
-    cal, ev = hold_out(_samples(MIN_CALIBRATION + 1))  # 9 samples: 8 calibrate, 1 is scored
-    assert (len(cal.x), len(ev.x)) == (MIN_CALIBRATION, 1)
-    with pytest.raises(BadInput, match="too few to hold 20 % out.*give at least 9, or an evaluation set with --eval"):
+    cal, ev = hold_out(_samples(20, labelled=False))  # 20 samples: 16 calibrate, 4 are scored
+    assert (len(cal.x), len(ev.x)) == (16, MIN_EVALUATION)
+    with pytest.raises(BadInput, match=r"too few to hold 20 % out for the accuracy gate \(3 held out, at least 4 needed\)"
+                                       r".*give at least 20 "):
+        hold_out(_samples(19, labelled=False))  # 15 would calibrate, but a gate over 3 samples says nothing
+    with pytest.raises(BadInput, match=r"\(0 held out, at least 4 needed\)"):
         hold_out(_samples(MIN_CALIBRATION))
 
 
