@@ -74,8 +74,8 @@ class Placement:
     fallback: tuple[str, ...]  # one line per fallback step, empty when the request was honoured
     notes: tuple[str, ...] = ()  # other decisions worth reporting (threads reduced for load)
     offload: Offload | None = None  # filled in after load by the runtime
-    # Other work runs on the cores these threads would use (the load average says cores are busy, or a resident
-    # llama.cpp model's threads are budgeted): threads that spin while waiting would take time from it.
+    # These threads and the busy ones (the load average's, a resident llama.cpp model's) are more than the usable
+    # cores: threads that spin while waiting would take time from the other work (see resolve_placement).
     shares_cores: bool = False
 
     @property
@@ -195,8 +195,14 @@ def resolve_placement(
             reasons = "; ".join(f"{t.value}: {r}" for t, r in failures) or "the profile prefers no accelerator"
             raise PlacementError(f"--require-accelerator: {kind.value} would run on the CPU ({reasons})")
         chosen = (Target.CPU, _Step(device="cpu", providers=("CPUExecutionProvider",) if kind is Backend.ORT else ()))
-    busy = int(machine.live.load_avg[0] + 0.5) + busy_threads
+    busy = int(machine.live.load_avg[0] + 0.5) + busy_threads  # cores other work occupies
     n_threads, notes = _threads(machine, threads, busy)
+    # Idle threads may spin only when ours and the busy ones fit on the usable cores together. ``busy`` already
+    # counts a resident llama.cpp model's threads beside the load average, so no term is added for them here.
+    # When _threads cut our threads to the free cores, they fit and spinning takes time from nobody; they do
+    # not fit when the user asked for more threads than are free, or when even the one thread left shares a core
+    # (busy >= usable). A busy core alone is no reason: the load average also counts edgerun's own recent work.
+    shares_cores = n_threads + busy > machine.usable_cpus
     resolved, step = chosen
     if int8 and resolved is Target.CPU and not machine.cpu.int8_dot:
         notes.append(f"INT8 about as fast as float here: {machine.cpu.arch} CPU without 8-bit dot-product instructions "
@@ -212,7 +218,7 @@ def resolve_placement(
         providers=step.providers,
         fallback=tuple(fallback),
         notes=tuple(notes),
-        shares_cores=busy > 0 or n_threads > machine.usable_cpus,
+        shares_cores=shares_cores,
     )
 
 

@@ -181,22 +181,32 @@ def test_an_unmeasured_offload_says_so():
 
 
 @pytest.mark.parametrize(
-    "load1, busy_threads, threads, shares",
+    "fixture, load1, busy_threads, asked, threads, shares",
     [
-        (0.2, 0, 4, False),  # idle Pi 5: the cores are ours, idle threads may spin
-        (2.6, 0, 1, True),  # three cores busy elsewhere: the one left is shared with their bursts
-        (0.2, 2, 2, True),  # a resident llama.cpp model runs 2 threads: 2 cores left, and no spinning beside it
+        # idle Pi 5 (4 usable CPUs): the cores are ours, idle threads may spin
+        ("pi5", 0.2, 0, None, 4, False),
+        # three cores busy elsewhere: the threads are cut to the one free core, which they have to themselves
+        ("pi5", 2.6, 0, None, 1, False),
+        # 16 logical CPUs, 6 busy: the profile's 8 threads fit beside them
+        ("x86-server", 6.2, 0, None, 8, False),
+        # every core busy: even the one thread left shares a core
+        ("pi5", 4.0, 0, None, 1, True),
+        # the user asks for 4 threads while one core is busy: 4 + 1 > 4
+        ("pi5", 1.0, 0, 4, 4, True),
+        # more threads than cores on an idle machine
+        ("pi5", 0.0, 0, 8, 8, True),
+        # a resident llama.cpp model runs the profile's 4 threads: the one thread left shares a core with them
+        ("pi5", 0.2, 4, None, 1, True),
+        # on the x86 server (16 usable CPUs) a resident llama.cpp model's 8 threads and 8 busy cores fill them all
+        ("x86-server", 8.4, 8, None, 1, True),
+        # a resident llama.cpp model runs 2 threads: ours are cut to the other 2 cores and may spin there
+        ("pi5", 0.2, 2, None, 2, False),
     ],
 )
-def test_shares_cores_follows_load_and_resident_threads(load1, busy_threads, threads, shares):
-    p = resolve_placement("null", "cpu", machine=_with_load(board("pi5"), load1), busy_threads=busy_threads)
+def test_shares_cores_when_threads_and_busy_cores_exceed_the_usable_cpus(fixture, load1, busy_threads, asked, threads, shares):
+    p = resolve_placement("null", "cpu", threads=asked, machine=_with_load(board(fixture), load1), busy_threads=busy_threads)
     assert (p.threads, p.shares_cores) == (threads, shares)
     assert p.to_dict()["shares_cores"] is shares
-
-
-def test_explicit_threads_beyond_the_cores_share_them():
-    assert resolve_placement("null", "cpu", threads=8, machine=_with_load(board("pi5"), 0.0)).shares_cores
-    assert not resolve_placement("null", "cpu", threads=4, machine=_with_load(board("pi5"), 0.0)).shares_cores
 
 
 @pytest.mark.parametrize("fixture, slow", [("pi4-coral", True), ("pi5", False), ("x86-server", False)])
