@@ -124,12 +124,13 @@ class OpenWakeWordFrontEnd:
 
     input_shape = (OWW_EMBEDDINGS, OWW_EMBEDDING_SIZE)
 
-    def __init__(self, mel: Path, embedding: Path, threads: int = 1) -> None:
+    def __init__(self, mel: Path, embedding: Path, threads: int = 1, spin: bool = True) -> None:
+        """``spin``: ORT's idle threads may spin-wait (off when the placement shares cores with other work)."""
         from runtime.backends.ort import ORTBackend
 
-        self._mel = ORTBackend(mel, threads=threads)
+        self._mel = ORTBackend(mel, threads=threads, spin=spin)
         try:
-            self._embedding = ORTBackend(embedding, threads=threads)
+            self._embedding = ORTBackend(embedding, threads=threads, spin=spin)
         except BaseException:
             self._mel.close()
             raise
@@ -192,9 +193,9 @@ class WaveformFrontEnd:
         pass
 
 
-def open_frontend(kind: FrontEnd, files: list[Path], input_shape: tuple[int, ...], threads: int = 1) -> Any:
+def open_frontend(kind: FrontEnd, files: list[Path], input_shape: tuple[int, ...], threads: int = 1, spin: bool = True) -> Any:
     if kind is FrontEnd.OPENWAKEWORD:
         if len(files) != 2:
             raise BadInput(f"the openwakeword front end takes two models (mel spectrogram, embedding), got {len(files)}")
-        return OpenWakeWordFrontEnd(files[0], files[1], threads)
+        return OpenWakeWordFrontEnd(files[0], files[1], threads, spin=spin)
     return WaveformFrontEnd(int(np.prod(input_shape)))

@@ -74,11 +74,13 @@ class AudioClassifier:
 
     @classmethod
     def load(cls, ref: str, *, threads: int | None = None, target: str = "auto", require_accelerator: bool = False,
-             memory: int | None = None, batch: int = 1, resident_bytes: int = 0, input_bytes: int = 0,
-             inputs: Sequence[WavInfo] = ()) -> AudioClassifier:
+             memory: int | None = None, batch: int = 1, resident_bytes: int = 0, busy_threads: int = 0,
+             input_bytes: int = 0, inputs: Sequence[WavInfo] = ()) -> AudioClassifier:
         """``inputs``: the checked headers of the files to classify, when known: the plan counts reading them
         (:func:`runtime.audio.reading_bytes`: every clip at the model's rate, one block and one resampling chunk);
-        ``input_bytes``: any other input memory to count."""
+        ``input_bytes``: any other input memory to count. ``resident_bytes``, ``busy_threads``: the memory and the
+        CPU threads of models already resident in this process (a llama.cpp model's); ORT's threads, the front end's
+        included, do not spin beside busy ones."""
         from devices.placement import resolve_placement
         from runtime.plan import default_budget
 
@@ -93,9 +95,10 @@ class AudioClassifier:
         plan = plan_classifier(manifest, weights, memory or default_budget(), batch=SEGMENT_WINDOWS, resident_bytes=resident_bytes,
                                input_bytes=input_bytes + reading_bytes(inputs, spec.sample_rate) + segment_bytes(spec))
         placement = resolve_placement(manifest.backend.value, target, require_accelerator=require_accelerator, threads=threads,
-                                      int8=spec.quantization == "int8")
+                                      int8=spec.quantization == "int8", busy_threads=busy_threads)
         labels = preprocess.read_labels(model.file(spec.labels)) if spec.labels else []
-        frontend = open_frontend(FrontEnd(spec.frontend), files, spec.input_shape, threads=placement.threads)
+        frontend = open_frontend(FrontEnd(spec.frontend), files, spec.input_shape, threads=placement.threads,
+                                 spin=not placement.shares_cores)
         try:
             backend = open_backend(model, placement)
         except BaseException:

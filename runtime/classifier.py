@@ -94,7 +94,10 @@ class Classifier:
         memory: int | None = None,
         batch: int = 1,
         resident_bytes: int = 0,
+        busy_threads: int = 0,
     ) -> Classifier:
+        """``resident_bytes``, ``busy_threads``: the memory and the CPU threads of models already resident in this
+        process (a llama.cpp model's), planned beside this one; ORT's threads do not spin beside busy ones."""
         from devices.placement import resolve_placement
         from runtime.plan import default_budget
 
@@ -106,7 +109,7 @@ class Classifier:
         budget = memory or default_budget()
         plan = plan_classifier(manifest, manifest.file("weights").size, budget, batch=batch, resident_bytes=resident_bytes)
         placement = resolve_placement(manifest.backend.value, target, require_accelerator=require_accelerator, threads=threads,
-                                      int8=manifest.vision.quantization == "int8")
+                                      int8=manifest.vision.quantization == "int8", busy_threads=busy_threads)
         labels = preprocess.read_labels(model.file(manifest.vision.labels)) if manifest.vision.labels else []
         backend = open_backend(model, placement)
         try:
