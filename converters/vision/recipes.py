@@ -18,6 +18,8 @@ from runtime.errors import BadInput
 
 CONV_OPS = {"CONV_2D", "DEPTHWISE_CONV_2D", "Conv", "ConvTranspose", "TRANSPOSE_CONV"}
 MATMUL_OPS = {"FULLY_CONNECTED", "BATCH_MATMUL", "MatMul", "Gemm"}
+# every conversion measures float and quantized latency here (the report's latency_ratio): no speed is promised
+MEASURED = "see the latency measured here"
 
 
 class Quant(str, enum.Enum):
@@ -59,11 +61,14 @@ def choose(requested: Quant, ops: dict[str, int]) -> Choice:
     if requested is not Quant.AUTO:
         hint = ""
         if requested is Quant.INT8 and conv == 0 and matmul:
-            hint = "; this model is fully-connected: int4w is usually faster and smaller"
+            hint = ("; this model is fully-connected: int4w would be smaller, and whether either is faster than float "
+                    f"depends on the CPU ({MEASURED})")
         if requested is Quant.INT4W and conv > matmul:
-            hint = "; this model is convolutional: int4w weights make it smaller but slower than float, int8 is faster"
+            hint = ("; this model is convolutional: int4w weights make it smaller, and were slower than float on the CPUs "
+                    f"benchmarked; int8 is faster than float only on CPUs with 8-bit dot products ({MEASURED})")
         return Choice(requested, f"requested ({census}){hint}")
     if conv >= matmul:
         return Choice(Quant.INT8, f"auto: {census}: full-integer static INT8 (~3.5x smaller; faster than float only on CPUs "
-                                  "with 8-bit dot products: see the latency measured here)")
-    return Choice(Quant.INT4W, f"auto: {census}: 4-bit weights shrink and speed up matmul-heavy models")
+                                  f"with 8-bit dot products: {MEASURED})")
+    return Choice(Quant.INT4W, f"auto: {census}: 4-bit weights shrink matmul-heavy models (whether they run faster than float "
+                               f"depends on the CPU: {MEASURED})")

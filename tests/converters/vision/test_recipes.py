@@ -82,3 +82,24 @@ def test_torchscript_source_goes_to_onnx_only(digits: Digits, tmp_path: Path, ca
     args = convert_args(digits, tmp_path / "o", "onnx")
     args[2] = str(script)
     assert edgerun(args) == 0
+
+
+@pytest.mark.parametrize(
+    "requested, ops, quant",
+    [
+        ("auto", {"Conv": 12, "Gemm": 1}, "int8"),  # a CNN
+        ("auto", {"MatMul": 3}, "int4w"),  # an MLP
+        ("int8", {"FULLY_CONNECTED": 3}, "int8"),  # int8 asked for an MLP: int4w is suggested
+        ("int4w", {"CONV_2D": 9, "FULLY_CONNECTED": 1}, "int4w"),  # int4w asked for a CNN: int8 is suggested
+    ],
+)
+def test_every_recipe_reason_leaves_speed_to_the_measured_latency(requested: str, ops: dict[str, int], quant: str) -> None:
+    # report["why"] is kept in the bundle: a speed stated as fact would be false on some CPUs, so every word on
+    # speed points at the latency this conversion measured (report["latency_ratio"])
+    import re
+
+    from converters.vision.recipes import MEASURED, Quant, choose
+
+    choice = choose(Quant(requested), ops)
+    assert choice.quant.value == quant
+    assert re.search(r"faster|slower|speed", choice.why) and MEASURED in choice.why, choice.why
