@@ -27,6 +27,7 @@ from typing import Any
 
 from gguf.constants import GGML_QUANT_SIZES, GGUF_DEFAULT_ALIGNMENT, GGUF_MAGIC, GGMLQuantizationType, GGUFValueType
 
+from runtime.bundle import open_regular
 from runtime.errors import BadInput
 
 SUPPORTED_VERSIONS = (2, 3)
@@ -36,6 +37,7 @@ MAX_KEY_LEN = 1 << 16
 MAX_DIMS = 4  # GGML_MAX_DIMS
 SMALL_ARRAY = 512  # arrays up to this many elements are kept as values (per-layer arrays: llama.cpp takes <= 512 layers)
 MERGES_KEY = "tokenizer.ggml.merges"
+TOKENS_KEY = "tokenizer.ggml.tokens"
 # Strings worth keeping even when long.
 KEEP_LONG_STRINGS = ("tokenizer.chat_template",)
 
@@ -145,19 +147,32 @@ class _Cursor:
         self.pos += n
         return value
 
-    def string(self, what: str, keep: bool = True, limit: int | None = None) -> str | None:
+    def raw(self, what: str, limit: int | None = None) -> bytes:
+        """The bytes of one length-prefixed string."""
         length = self.unpack("<Q", f"length of {what}")
         if limit is not None and length > limit:
             raise self.fail(f"{what} is {length} bytes long (at most {limit} allowed)")
         self.need(length, what)
-        raw = bytes(self.buf[self.pos : self.pos + length]) if keep else None
+        raw = bytes(self.buf[self.pos : self.pos + length])
         self.pos += length
-        if raw is None:
-            return None
+        return raw
+
+    def text(self, raw: bytes, what: str) -> str:
+        # Strict UTF-8: it refuses encoded surrogates (b"\xed\xa0\x80"), so no string read here can later fail
+        # to encode (no errors="surrogateescape" or "replace" anywhere in this reader).
         try:
             return raw.decode("utf-8")
         except UnicodeDecodeError:
             raise self.fail(f"{what} is not valid UTF-8") from None
+
+    def skip(self, what: str) -> None:
+        """Step over one length-prefixed string without copying it."""
+        length = self.unpack("<Q", f"length of {what}")
+        self.need(length, what)
+        self.pos += length
+
+    def string(self, what: str, limit: int | None = None) -> str:
+        return self.text(self.raw(what, limit), what)
 
 
 def _value_type(cur: _Cursor, what: str) -> GGUFValueType:
@@ -174,6 +189,31 @@ def _check_merge(cur: _Cursor, raw: bytes, i: int) -> None:
     pos = raw.find(b" ", 1)
     if pos < 0 or pos == len(raw) - 1 or raw.count(b" ") != 1:
         raise cur.fail(f"{MERGES_KEY}[{i}] is {raw[:40]!r}, not two non-empty parts separated by one space ('a b')")
+
+
+def _token_text(raw: bytes, i: int) -> bytes:
+    """The text llama.cpp (llama-vocab.cpp, llama_vocab::impl::load) keys token ``i`` by: it reads each token
+    through gguf_get_arr_str, a C string, so the text ends at its first NUL byte; an empty text becomes
+    ``[EMPTY_<i>]``."""
+    text = raw.split(b"\0", 1)[0]
+    return text or b"[EMPTY_%d]" % i
+
+
+def _read_tokens(cur: _Cursor, count: int, keep: bool) -> list[str] | ArrayInfo:
+    """The vocabulary, each token text checked to be unique as llama.cpp keys it: llama.cpp maps text -> id in a
+    hash map and GGML_ASSERTs that it has one entry per token, so a repeated text aborts the process (SIGABRT)."""
+    seen: dict[bytes, int] = {}
+    values: list[str] = []
+    for i in range(count):
+        raw = cur.raw(f"{TOKENS_KEY}[{i}]")
+        text = _token_text(raw, i)
+        first = seen.setdefault(text, i)
+        if first != i:
+            raise cur.fail(f"{TOKENS_KEY}[{first}] and [{i}] are both {text[:40]!r} as llama.cpp reads them (each"
+                           " token text must be unique; a text ends at its first NUL byte, an empty one is [EMPTY_<id>])")
+        if keep:
+            values.append(cur.text(raw, f"{TOKENS_KEY}[{i}]"))
+    return values if keep else ArrayInfo(GGUFValueType.STRING, count)
 
 
 def _read_value(cur: _Cursor, vtype: GGUFValueType, key: str, element_types: dict[str, GGUFValueType]) -> Any:
@@ -193,14 +233,16 @@ def _read_value(cur: _Cursor, vtype: GGUFValueType, key: str, element_types: dic
     keep = count <= SMALL_ARRAY
     if key == MERGES_KEY and etype == GGUFValueType.STRING:
         for i in range(count):
-            length = cur.unpack("<Q", f"length of {key}[{i}]")
-            cur.need(length, f"{key}[{i}]")
-            _check_merge(cur, bytes(cur.buf[cur.pos : cur.pos + length]), i)
-            cur.pos += length
+            _check_merge(cur, cur.raw(f"{key}[{i}]"), i)
         return ArrayInfo(etype, count)
+    if key == TOKENS_KEY and etype == GGUFValueType.STRING:
+        return _read_tokens(cur, count, keep)
     if etype == GGUFValueType.STRING:
-        values = [cur.string(f"element of {key!r}", keep=keep) for _ in range(count)]
-        return values if keep else ArrayInfo(etype, count)
+        if not keep:
+            for _ in range(count):
+                cur.skip(f"element of {key!r}")
+            return ArrayInfo(etype, count)
+        return [cur.string(f"element of {key!r}") for _ in range(count)]
     size = struct.calcsize(_SCALAR[etype])
     if keep:
         fmt = "<" + _SCALAR[etype][1] * count
@@ -214,15 +256,14 @@ def _read_value(cur: _Cursor, vtype: GGUFValueType, key: str, element_types: dic
 def read_gguf(path: str | os.PathLike[str]) -> GGUFInfo:
     """Check and read a GGUF header. Raises :class:`BadInput` naming the first problem."""
     path = Path(path)
-    if not path.exists():
-        raise BadInput(f"{path}: no such file")
-    if not path.is_file():
-        raise BadInput(f"{path}: not a regular file")
-    size = path.stat().st_size
-    if size < 24:
-        raise BadInput(f"{path}: not a GGUF file: {size} bytes is shorter than a GGUF header (24 bytes)")
-    with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as buf:
-        return _parse(_Cursor(buf, path), path, size)
+    # open_regular refuses a FIFO or device without blocking, even one swapped in after its stat(); the size is
+    # that of the file opened, not of whatever the path named before.
+    with open_regular(path) as fh:
+        size = os.fstat(fh.fileno()).st_size
+        if size < 24:
+            raise BadInput(f"{path}: not a GGUF file: {size} bytes is shorter than a GGUF header (24 bytes)")
+        with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+            return _parse(_Cursor(buf, path), path, size)
 
 
 def _parse(cur: _Cursor, path: Path, size: int) -> GGUFInfo:
@@ -248,7 +289,6 @@ def _parse(cur: _Cursor, path: Path, size: int) -> GGUFInfo:
     element_types: dict[str, GGUFValueType] = {}
     for i in range(n_kv):
         key = cur.string(f"key #{i}", limit=MAX_KEY_LEN)
-        assert key is not None
         if key in metadata:
             raise cur.fail(f"duplicate metadata key {key!r}")
         vtype = value_types[key] = _value_type(cur, repr(key))
@@ -262,7 +302,6 @@ def _parse(cur: _Cursor, path: Path, size: int) -> GGUFInfo:
     names: set[str] = set()
     for i in range(n_tensors):
         name = cur.string(f"name of tensor #{i}", limit=MAX_KEY_LEN)
-        assert name is not None
         if name in names:
             raise cur.fail(f"duplicate tensor {name!r}")
         names.add(name)

@@ -14,12 +14,13 @@ from gguf import GGUFWriter
 def write_tiny(path: Path, *, arch: str = "llama", n_layer: int = 2, n_embd: int = 64, n_head: int = 4,
                n_head_kv: int | list[int] = 2, ctx: int = 2048, vocab: int = 32, extra: dict | None = None,
                swa: int = 0, tokenizer: str = "llama", kv_tensors: bool = False, embd_rows: int | None = None,
-               edit: Callable[[GGUFWriter], None] | None = None) -> Path:
+               tokens: dict[int, bytes] | None = None, edit: Callable[[GGUFWriter], None] | None = None) -> Path:
     """A header-valid GGUF with a token embedding and per-layer tensors (random f32): every size in the metadata
     shapes one of them, as in a real model (the reader bounds each by the tensors present).
 
     ``kv_tensors``: each layer also gets its K and V projections (n_embd -> n_head_kv * head_dim);
     ``embd_rows``: the token embedding's row count when it should differ from the vocabulary's size;
+    ``tokens``: token texts that replace the default ``t<id>`` at those ids (e.g. ``{1: b"t2"}``, a repeated text);
     ``edit``: adds metadata of its own (any type) before the tensors are written."""
     w = GGUFWriter(str(path), arch)
     w.add_block_count(n_layer)
@@ -31,7 +32,7 @@ def write_tiny(path: Path, *, arch: str = "llama", n_layer: int = 2, n_embd: int
     if swa:
         w.add_sliding_window(swa)
     w.add_tokenizer_model(tokenizer)
-    w.add_token_list([f"t{i}".encode() for i in range(vocab)])
+    w.add_token_list([(tokens or {}).get(i, f"t{i}".encode()) for i in range(vocab)])
     for key, value in (extra or {}).items():
         w.add_string(key, value)
     if edit is not None:

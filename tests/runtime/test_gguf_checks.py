@@ -7,6 +7,7 @@ a value is out of the writer's reach), so only the content checks can refuse it.
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -51,6 +52,13 @@ HOSTILE = [
     ("fim id out of range", {"edit": _kv("tokenizer.ggml.fim_pre_token_id", 151659, T.UINT32)}, "fim_pre_token_id is 151659"),
     ("seperator id negative", {"edit": _kv("tokenizer.ggml.seperator_token_id", -3, T.INT32)}, "seperator_token_id is -3"),
     ("padding id a string", {"edit": _kv("tokenizer.ggml.padding_token_id", "0", T.STRING)}, "padding_token_id is '0'"),
+    # Token texts: llama.cpp maps each text to one id and GGML_ASSERTs one entry per token, so a repeat aborts the
+    # process (test_llama_cpp_aborts_on_what_the_reader_refuses). It keys a token by its text up to the first NUL
+    # byte, and an empty text by "[EMPTY_<id>]": a repeat in either form aborts the same way.
+    ("repeated token text", {"tokens": {1: b"t2"}}, "tokenizer.ggml.tokens[1] and [2] are both b't2' as llama.cpp reads them"),
+    ("repeated token past the kept-array size", {"vocab": 600, "tokens": {599: b"t7"}}, "tokenizer.ggml.tokens[7] and [599]"),
+    ("empty token named like another", {"tokens": {5: b"", 9: b"[EMPTY_5]"}}, "tokens[5] and [9] are both b'[EMPTY_5]'"),
+    ("token text cut at a NUL byte", {"tokens": {3: b"t4\x00x"}}, "tokenizer.ggml.tokens[3] and [4] are both b't4'"),
     # Merges: llama.cpp splits each at its first space after byte 0; anything else is a pair no token can match.
     ("merge without a space", _bpe(["t1 t2", "t1t2"]), "tokenizer.ggml.merges[1] is b't1t2'"),
     ("merge with an empty half", _bpe(["t1 "]), "tokenizer.ggml.merges[0] is b't1 '"),
@@ -168,3 +176,33 @@ def test_edgerun_run_refuses_absurd_architecture_numbers(tmp_path: Path, key: st
     result = json.loads(out.read_text())
     assert result["code"] == 2, result
     assert result["stderr"].startswith(f"edgerun: {path}: GGUF {fragment} (") and result["stderr"].count("\n") == 1, result
+
+
+# What llama.cpp itself does with a vocabulary: the repeated texts the reader refuses abort it (SIGABRT from
+# GGML_ASSERT(id_to_token.size() == token_to_id.size()), no exception a caller could catch), and texts that only
+# look alike (two empty tokens are [EMPTY_5] and [EMPTY_6]; "t99\0" is "t99") load. Together they hold the reader's
+# mapping to llama.cpp's own, in both directions.
+VOCAB_CASES = [c for c in HOSTILE if "tokens" in c[1] and "vocab" not in c[1]]
+LOOKALIKE = {5: b"", 6: b"", 7: b"\x00zz", 8: b"t99\x00"}
+_LOAD = "import sys, llama_cpp; llama_cpp.Llama(sys.argv[1], vocab_only=True, verbose=False)"
+
+
+def _llama_cpp_load(path: Path) -> subprocess.CompletedProcess:
+    # A fresh interpreter: an abort must not take the test process with it.
+    return subprocess.run([sys.executable, "-c", _LOAD, str(path)], capture_output=True, timeout=120, check=False)
+
+
+@pytest.mark.parametrize("args", [c[1] for c in VOCAB_CASES], ids=[c[0] for c in VOCAB_CASES])
+def test_llama_cpp_aborts_on_what_the_reader_refuses(tmp_path: Path, args: dict) -> None:
+    path = _write(tmp_path, args)
+    with pytest.raises(BadInput):
+        read_gguf(path)
+    result = _llama_cpp_load(path)
+    assert result.returncode in (-signal.SIGABRT, 128 + signal.SIGABRT), (result.returncode, result.stderr[-500:])
+
+
+def test_look_alike_token_texts_load_in_llama_cpp_and_are_accepted(tmp_path: Path) -> None:
+    path = write_tiny(tmp_path / "lookalike.gguf", tokens=LOOKALIKE)
+    assert read_gguf(path).metadata["tokenizer.ggml.tokens"][5:9] == ["", "", "\x00zz", "t99\x00"]
+    result = _llama_cpp_load(path)
+    assert result.returncode == 0, result.stderr[-500:]

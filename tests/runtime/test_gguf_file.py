@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import struct
+import threading
 from pathlib import Path
 
 import pytest
@@ -125,3 +127,43 @@ def test_missing_and_directory_paths(tmp_path: Path) -> None:
         read_gguf(tmp_path / "nope.gguf")
     with pytest.raises(BadInput, match="not a regular file"):
         read_gguf(tmp_path)
+
+
+def test_a_fifo_swapped_in_after_the_check_is_refused_not_waited_on(tmp_path: Path, monkeypatch) -> None:
+    """The path is checked, then opened: a FIFO put in its place between the two must not block the reader.
+    The swap is simulated by having stat() still report the regular file that was there when it was checked."""
+    regular = write_tiny(tmp_path / "tiny.gguf")
+    fifo = tmp_path / "swapped.gguf"
+    os.mkfifo(fifo)
+    real_stat = os.stat
+
+    def stat(p, *args, **kwargs):
+        named = isinstance(p, (str, os.PathLike)) and Path(p) == fifo
+        return real_stat(regular if named else p, *args, **kwargs)
+
+    monkeypatch.setattr(os, "stat", stat)
+    result: dict[str, str] = {}
+
+    def read() -> None:
+        try:
+            read_gguf(fifo)
+        except BadInput as exc:
+            result["error"] = str(exc)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    reader.join(10)
+    if reader.is_alive():
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))  # a writer releases the blocked open, then the thread ends
+        reader.join(5)
+        pytest.fail("read_gguf blocked opening a FIFO that replaced the checked file")
+    assert result["error"] == f"{fifo}: is a FIFO, not a regular file; give a regular file"
+
+
+def test_an_encoded_surrogate_in_a_string_is_refused(tmp_path: Path) -> None:
+    # UTF-8 bytes of a lone surrogate (U+D800): a lenient decoder would hand on a str that later fails to encode
+    # (printing it, passing a chat template to llama.cpp). Same length as the text it replaces, so no offset moves.
+    path = write_tiny(tmp_path / "surrogate.gguf", extra={"general.name": "QQQ"})
+    path.write_bytes(path.read_bytes().replace(b"QQQ", b"\xed\xa0\x80"))
+    with pytest.raises(BadInput, match=r"value of 'general.name' is not valid UTF-8$"):
+        read_gguf(path)
