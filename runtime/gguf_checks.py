@@ -8,7 +8,8 @@ src/llama-vocab.cpp and src/llama-model.cpp) and our own memory plan take:
   token types, when present, are arrays of the types llama.cpp reads through a
   raw pointer, exactly one entry per token; every special-token id
   (``tokenizer.ggml.*_token_id``) names a token of the vocabulary; a BPE
-  vocabulary has its merges (each merge's form is checked while reading);
+  vocabulary has its merges (each merge's form, and each token text's
+  uniqueness, is checked while reading, as those arrays are not kept);
 * the architecture numbers: the layer count is what the tensors hold (a count
   of 2**31 - 1 would make the plan build lists of that length; llama.cpp aborts
   past 512 layers), the training context fits the ``int32`` that

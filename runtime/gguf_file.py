@@ -6,8 +6,9 @@ and array length against the bytes that remain, duplicate keys and tensor names,
 tensor types, alignment, and every tensor's data extent against the file end
 (a truncated download fails here, not inside native code). The contents are
 then checked against what llama.cpp's loader assumes (:mod:`runtime.gguf_checks`:
-the vocabulary arrays, special-token ids, architecture numbers); the merges are
-checked here, element by element, as they are skipped.
+the vocabulary arrays, special-token ids, architecture numbers); the merges and
+the token texts (each unique as llama.cpp keys it) are checked here, element by
+element, as they are read past.
 
 Format constants come from the ``gguf`` package (llama.cpp's own Python
 module); the parsing is ours because ``gguf.GGUFReader`` materialises every
