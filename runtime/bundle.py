@@ -40,6 +40,7 @@ MAX_MANIFEST_BYTES = 4 << 20  # a manifest with a chat template and a report is 
 NAME_RE = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
 VERSION_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,63}")
 FILE_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")  # flat: no directories, no '..'
+ROLE_RE = re.compile(r"[a-z][a-z0-9_-]{0,31}")  # weights, labels, frontend, report, plot: a word, not text
 HASH_CHUNK = 1 << 20
 
 
@@ -137,7 +138,11 @@ class FileEntry:
         size = _require(data, "size", int, where)
         if size < 0:
             raise BadInput(f"{where}: size {size} is negative")
-        return cls(path, sha, size, str(data.get("role", "weights")))
+        role = _text(data, "role", "weights", where)  # str() of a list or of 4 MB was taken for a role before
+        if not ROLE_RE.fullmatch(role):
+            raise BadInput(f"{where}: role {role!r:.80} is not valid: use 1-32 of a-z 0-9 _ - starting with a letter"
+                           " (weights, labels, report, ...)")
+        return cls(path, sha, size, role)
 
 
 @dataclass(frozen=True)
@@ -404,34 +409,62 @@ def _json_constant(name: str) -> float:
     raise BadInput(f"{name} is not a number a manifest may hold (use a finite number)")
 
 
-def _depth(data: Any) -> int:
-    """How deeply objects and arrays nest in ``data`` (walked without recursion; stops past the limit)."""
-    deepest, stack = 0, [(data, 1)]
-    while stack and deepest <= MAX_JSON_DEPTH:
-        value, depth = stack.pop()
-        if isinstance(value, (dict, list)):
-            deepest = max(deepest, depth)
-            stack.extend((v, depth + 1) for v in (value.values() if isinstance(value, dict) else value))
-    return deepest
+def _json_path(path: tuple | None) -> str:
+    """``files[0].role`` from the (parent, key) chain the walk keeps; keys shown escaped, the whole kept short."""
+    parts: list[str] = []
+    while path is not None:
+        path, key = path
+        parts.append(f"[{key}]" if isinstance(key, int) else "." + key.encode("utf-8", "backslashreplace").decode())
+    text = "".join(reversed(parts)).lstrip(".") or "(top level)"
+    return text if len(text) <= 100 else text[:97] + "..."
+
+
+def _walk(data: Any, where: str) -> None:
+    """Refuses what parsed but no later step can take, walking every value and key without recursion:
+
+    * nesting deeper than MAX_JSON_DEPTH (a later recursive walk, to_json or asdict, would run out of stack);
+    * a string that is not Unicode text: JSON's ``\\ud800`` escape parses to a lone surrogate, which every
+      UTF-8 encode after it (a terminal, ``edgerun list``, a chat template handed to llama.cpp) fails on.
+    """
+    stack: list[tuple[Any, int, tuple | None]] = [(data, 1, None)]
+    while stack:
+        value, depth, path = stack.pop()
+        if isinstance(value, str):
+            _check_text(value, path, where, "string")
+        elif isinstance(value, (dict, list)):
+            if depth > MAX_JSON_DEPTH:
+                raise BadInput(f"{where}: manifest.json nests objects or arrays more than {MAX_JSON_DEPTH} levels deep")
+            for key, item in value.items() if isinstance(value, dict) else enumerate(value):
+                if isinstance(key, str):
+                    _check_text(key, (path, key), where, "key")
+                stack.append((item, depth + 1, (path, key)))
+
+
+def _check_text(text: str, path: tuple | None, where: str, what: str) -> None:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise BadInput(f"{where}: manifest.json: the {what} at {_json_path(path)} is not text: it holds a lone"
+                       f" surrogate {text[exc.start]!a} (half of a \\u escape pair); write the character as UTF-8"
+                       " or as a whole surrogate pair") from None
 
 
 def parse_json(raw: bytes, where: str) -> Any:
-    """Manifest JSON: UTF-8, finite numbers only, integers of at most 20 digits, at most 32 levels deep.
+    """Manifest JSON: UTF-8, finite numbers only, integers of at most 20 digits, at most 32 levels deep,
+    every string and key encodable text (no lone surrogates).
 
     Every refusal is one BadInput line; nothing past these bounds reaches the fields' own checks,
-    and no later walk over the data (to_json, asdict) can run out of stack.
+    and no later walk over the data (to_json, asdict) can run out of stack or fail to encode.
     """
-    too_deep = BadInput(f"{where}: manifest.json nests objects or arrays more than {MAX_JSON_DEPTH} levels deep")
     try:
         data = json.loads(raw.decode("utf-8"), parse_int=_json_int, parse_float=_json_float, parse_constant=_json_constant)
     except RecursionError:  # deeper than the interpreter's stack
-        raise too_deep from None
+        raise BadInput(f"{where}: manifest.json nests objects or arrays more than {MAX_JSON_DEPTH} levels deep") from None
     except BadInput as exc:
         raise BadInput(f"{where}: manifest.json: {exc}") from None
     except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
         raise BadInput(f"{where}: manifest.json is not valid JSON ({exc})") from None
-    if _depth(data) > MAX_JSON_DEPTH:  # shallow enough to parse, deep enough to break a later recursive walk
-        raise too_deep
+    _walk(data, where)  # shallow enough to parse, yet too deep or not text for what comes after
     return data
 
 

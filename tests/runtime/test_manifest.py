@@ -54,6 +54,13 @@ HOSTILE_JSON = [
     (VISION, "reports.accuracy.agreement", "-Infinity", "-Infinity is not a number a manifest may hold"),
     # a number JSON allows whose float is inf
     (VISION, "vision.mean", "1e400", "the number 1e400 is out of the float range"),
+    # A \u escape of half a surrogate pair parses to a str that no UTF-8 encode takes: accepted before, then a
+    # UnicodeEncodeError traceback in `edgerun list` (the license) and in chat (the template handed to llama.cpp).
+    # Strings and keys, at any depth, in fields the runtime reads and in those it only prints.
+    (VISION, "license", '"MIT\\udc80"', "the string at license is not text: it holds a lone surrogate '\\udc80'"),
+    (LLM, "llm.chat_template", '"{{ messages }}\\ud800"', "the string at llm.chat_template is not text"),
+    (VISION, "reports.accuracy", '{"notes": ["ok", "\\udfff"]}', "the string at reports.accuracy.notes[1] is not text"),
+    (VISION, "source", '{"a\\ud800": 1}', "the key at source.a\\ud800 is not text"),
 ]
 
 
@@ -107,6 +114,13 @@ HOSTILE_VALUES = [
     # a zero point int8 cannot hold
     (VISION, "vision.input.zero_point", 1000, "zero_point 1000 must be an integer in [-128, 127] for int8"),
     (VISION, "vision.arena_bytes", 2**64, "arena_bytes 18446744073709551616 must be an integer in [0, 9223372036854775807]"),
+    # a file's role was str()-ed: a list became the role "['weights']", and any length or character went through
+    (VISION, "files.0.role", ["weights"], "manifest files[0]: field 'role' must be str, got list"),
+    (VISION, "files.0.role", 7, "field 'role' must be str, got int"),
+    (VISION, "files.0.role", "w" * 4096, "role 'wwww"),
+    (VISION, "files.0.role", "weights\n", "role 'weights\\n' is not valid: use 1-32 of a-z 0-9 _ - starting with a letter"),
+    (VISION, "files.0.role", "", "role '' is not valid"),
+    (VISION, "files.0.role", "\x1b[2J", "role '\\x1b[2J' is not valid"),
 ]
 
 
@@ -122,6 +136,9 @@ def test_good_manifests_round_trip() -> None:
         manifest = Manifest.from_bytes(json.dumps(base).encode(), "bundle")
         assert Manifest.from_bytes(manifest.to_json(), "bundle") == manifest
     assert Manifest.from_dict(LLM).llm.sampling == {"temperature": 0.2, "top_k": 40}
+    # A whole surrogate pair is one character outside the BMP, and text: accepted.
+    emoji = Manifest.from_bytes(_raw(VISION, "license", '"MIT \\ud83d\\ude00"'), "bundle")
+    assert emoji.license == "MIT \U0001f600"
     # A writer that put NaN in a report would make a bundle no reader installs: refused when written instead.
     with pytest.raises(ValueError, match="Out of range float values"):
         Manifest.from_dict(_set(VISION, "reports", {"latency_ratio": float("nan")})).to_json()
