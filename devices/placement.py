@@ -41,24 +41,35 @@ EDGETPU_RUNTIME = "install the Edge TPU runtime: apt-get install libedgetpu1-std
 
 @dataclass(frozen=True)
 class Offload:
-    """What the loaded backend actually put where, in the backend's own unit, as the backend itself reports it."""
+    """What the loaded backend actually put where, in the backend's own unit, as the backend itself reports it.
+
+    When the backend did not report it (llama.cpp's log gave the device of only some layers), ``on_accelerator``
+    is None: the offload is unmeasured, and ``asked`` (what was asked for) and ``why`` say so; it is never
+    filled in from the request."""
 
     unit: str  # "layers" (llama.cpp), "nodes" (ORT), "ops" (LiteRT)
-    on_accelerator: int
+    on_accelerator: int | None  # None: not reported by the backend
     total: int
     by_device: tuple[tuple[str, int], ...] = ()  # (device, count): llama.cpp device, ORT provider, LiteRT delegate
-    measured: bool = True  # False: the backend did not say, and on_accelerator is what was asked for
-    why: str | None = None  # why nothing could go to the accelerator, when the backend knows
+    why: str | None = None  # why nothing could go to the accelerator, or why the offload is not known
+    asked: int | None = None  # how many were asked for the accelerator, reported beside an unmeasured offload
+
+    @property
+    def measured(self) -> bool:
+        return self.on_accelerator is not None
 
     def to_dict(self) -> dict[str, object]:
         return {"unit": self.unit, "on_accelerator": self.on_accelerator, "total": self.total,
-                "by_device": dict(self.by_device), "measured": self.measured, "why": self.why}
+                "by_device": dict(self.by_device), "measured": self.measured, "why": self.why, "asked": self.asked}
 
     def describe(self) -> str:
+        if not self.measured:
+            asked = f"; asked for {self.asked} of the {self.total} {self.unit}" if self.asked is not None else ""
+            return f"offload not reported ({self.why or 'the backend did not say'}){asked}"
         line = f"{self.on_accelerator}/{self.total} {self.unit} on the accelerator"
         if self.by_device:
             line += " (" + ", ".join(f"{device} {n}" for device, n in self.by_device) + ")"
-        return line if self.measured else line + " (as requested; the backend did not report it)"
+        return line
 
 
 @dataclass(frozen=True)
@@ -86,8 +97,9 @@ class Placement:
         """This placement with what the backend reports it put where.
 
         An accelerator that took none of the model runs nothing: the placement then says the model runs on
-        the CPU and why, and ``require_accelerator`` refuses it (:class:`PlacementError`)."""
-        if self.target is Target.CPU or offload.on_accelerator > 0 or not offload.measured:
+        the CPU and why, and ``require_accelerator`` refuses it (:class:`PlacementError`). An offload the backend
+        did not report is kept as unmeasured, and the summary says so."""
+        if self.target is Target.CPU or offload.on_accelerator is None or offload.on_accelerator > 0:
             return dataclasses.replace(self, offload=offload)
         line = f"{self.device}: the accelerator took none of the model's {offload.total} {offload.unit}"
         line += f" ({offload.why})" if offload.why else ""

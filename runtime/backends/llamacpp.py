@@ -107,20 +107,25 @@ class LlamaCppBackend(LLMBackend):
         self._mem = llama_cpp.llama_get_memory(self._ctx.ctx)
         self.n_ctx = self._llm.n_ctx()
         self.gpu_offload = gpu_offload_supported()
+        self._gpu_layers = gpu_layers
         self._piece = ctypes.create_string_buffer(256)
         self._specials: tuple[SpecialToken, ...] | None = None
 
     def offload(self) -> Any:
-        """:class:`devices.placement.Offload`: layers (the output layer counted) on a device other than the CPU."""
+        """:class:`devices.placement.Offload`: layers (the output layer counted) on a device other than the CPU;
+        unmeasured (``on_accelerator`` None) when llama.cpp did not log every layer's device."""
         from devices.placement import Offload
 
         model = self._llm._model.model
         total = llama_cpp.llama_model_n_layer(model) + llama_cpp.llama_model_n_layer_nextn(model) + 1
         if len(self._layer_devices) != total:
             # This llama.cpp did not log its layer assignment: without GPU offload in the build nothing
-            # can have left the CPU; with it, the count is unknown and reported as such.
-            log.warning("llama.cpp reported the device of %d of %d layers", len(self._layer_devices), total)
-            return Offload("layers", 0, total, measured=not self.gpu_offload)
+            # can have left the CPU; with it, the count is unknown and reported as unmeasured, beside what was asked.
+            if not self.gpu_offload:
+                return Offload("layers", 0, total, by_device=((CPU_DEVICE, total),))
+            why = f"llama.cpp logged the device of {len(self._layer_devices)} of its {total} layers"
+            log.warning("%s", why)
+            return Offload("layers", None, total, why=why, asked=min(self._gpu_layers, total))
         on = sum(1 for device in self._layer_devices.values() if device != CPU_DEVICE)
         return Offload("layers", on, total, by_device=tuple(sorted(Counter(self._layer_devices.values()).items())))
 
