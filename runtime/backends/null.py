@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +35,7 @@ def _tensor(data: Any, role: str, where: str) -> TensorInfo:
     if (not isinstance(shape, list) or len(shape) < 2 or shape[0] != -1
             or not all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in shape[1:])):
         raise BadInput(f"{where}: {role} shape {shape!r} must be [-1, d1, ...] with positive integer dimensions")
-    if int(np.prod(shape[1:])) > MAX_ELEMENTS:
+    if math.prod(shape[1:]) > MAX_ELEMENTS:  # Python ints: np.prod wraps at 2**64 ([2**32, 2**32] gave 0)
         raise BadInput(f"{where}: {role} shape {shape!r} has more than {MAX_ELEMENTS} elements per row")
     if dtype not in DTYPES:
         raise BadInput(f"{where}: {role} dtype {dtype!r} is not valid (valid: {', '.join(DTYPES)})")

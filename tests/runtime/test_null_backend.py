@@ -107,6 +107,11 @@ BAD_MODELS = [
     # a description that asks for 2^40 elements per row
     (b'{"input": {"shape": [-1, 1048576, 1048576], "dtype": "float32"}, "output": {"shape": [-1, 2], "dtype": "float32"}}',
      "elements per row"),
+    # products past 2^64, which np.prod wrapped to a number under the limit (0 and a negative one) and so accepted
+    (b'{"input": {"shape": [-1, 4294967296, 4294967296], "dtype": "float32"}, "output": {"shape": [-1, 2], "dtype": "float32"}}',
+     "elements per row"),
+    (b'{"input": {"shape": [-1, 4], "dtype": "float32"}, "output": {"shape": [-1, 3, 4611686018427387904], "dtype": "float32"}}',
+     "output shape .* has more than 16777216 elements per row"),
     # deep nesting
     (b"[" * 100000 + b"]" * 100000, "null model"),
 ]
