@@ -17,6 +17,12 @@ from runtime.errors import BadInput
 INT32_MAX = 2**31 - 1  # llama.cpp's top_k and token counts are int32_t
 SEED_MAX = 2**32 - 2  # llama.cpp's seed is a uint32_t; 2^32 - 1 (LLAMA_DEFAULT_SEED) means "random" to it
 FLOAT_MAX = 3.4028234663852886e38  # llama.cpp's sampling settings are C floats; larger values become inf
+# Stop strings: a stream holds back the last len(longest stop) - 1 characters (a stop may arrive split across
+# tokens), and every new piece of text is searched for every stop. 256 characters keeps that hold-back under a
+# short paragraph (a 4 MB stop held back the whole answer) and 16 strings cover a template's end markers plus a
+# caller's own (OpenAI's API takes 4; real stops are markers like "<|im_end|>" or "\nUser:", a few characters).
+MAX_STOPS = 16
+MAX_STOP_CHARS = 256
 
 
 def _is_int(value: Any) -> bool:
@@ -47,7 +53,8 @@ RULES: dict[str, _Rule] = {
     "repeat_penalty": _Rule(_is_number, lambda v: 0 < v <= FLOAT_MAX, "a finite number > 0 (1 disables)"),
     "seed": _Rule(lambda v: v is None or _is_int(v), lambda v: v is None or 0 <= v <= SEED_MAX,
                   "an integer in [0, 2^32 - 2]"),
-    "stop": _Rule(_is_strings, lambda v: all(v), "a list of non-empty strings"),
+    "stop": _Rule(_is_strings, lambda v: len(v) <= MAX_STOPS and all(0 < len(s) <= MAX_STOP_CHARS for s in v),
+                  f"a list of non-empty strings (at most {MAX_STOPS}, each at most {MAX_STOP_CHARS} characters)"),
 }
 FLOATS = ("temperature", "top_p", "min_p", "repeat_penalty")
 

@@ -35,9 +35,13 @@ BAD_VALUES = [
     # an integer past the float range: float() would raise OverflowError
     ("temperature", 10**400, "--temperature"),
     # a bare string is a sequence of one-character stop strings: refused, not split
-    ("stop", "END", "--stop must be a list of non-empty strings, got str 'END'"),
+    ("stop", "END", "--stop must be a list of non-empty strings (at most 16, each at most 256 characters), got str 'END'"),
     ("stop", ("ok", 3), "--stop must be a list of non-empty strings"),
     ("stop", ("",), "--stop ('',) is not valid: use a list of non-empty strings"),
+    # unbounded before: a 4 MB stop made the stream hold back the whole answer, and each one is searched per token
+    ("stop", ("x" * 4_000_000,), "--stop ('xxxx"),
+    ("stop", ("x" * 257,), "is not valid: use a list of non-empty strings (at most 16, each at most 256 characters)"),
+    ("stop", tuple(f"s{i}" for i in range(17)), "--stop ('s0', 's1'"),
 ]
 
 
@@ -61,6 +65,12 @@ def test_limits_themselves_are_accepted() -> None:
     p = SamplingParams(top_k=2**31 - 1, max_tokens=2**31 - 1, seed=2**32 - 2, temperature=3.4e38, top_p=1, min_p=0)
     assert (p.top_k, p.seed) == (2**31 - 1, 2**32 - 2)
     assert isinstance(p.top_p, float) and isinstance(p.min_p, float)  # JSON integers for float settings become floats
+
+
+def test_stop_limits_themselves_are_accepted() -> None:
+    stops = tuple(f"{i:02d}" + "x" * 254 for i in range(16))
+    assert SamplingParams(stop=stops).stop == stops
+    assert SamplingParams.from_defaults({"stop": list(stops)}).stop == stops
 
 
 def test_seed_defaults_to_none_meaning_a_fresh_seed_per_request() -> None:
