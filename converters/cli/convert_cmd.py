@@ -1,4 +1,9 @@
-"""``edgerun convert KIND ...``: KIND is llm, vision or audio; each imports only its own converter."""
+"""``edgerun convert KIND ...``: KIND is llm, vision or audio; each imports only its own converter.
+
+Every kind is always a choice. A converter whose module cannot be imported (an optional package missing)
+still gets its subcommand, which takes any arguments and exits 4 with the pip line that installs it,
+rather than argparse's "invalid choice".
+"""
 
 from __future__ import annotations
 
@@ -13,25 +18,47 @@ KINDS = {
     "vision": "converters.vision.cli",
     "audio": "converters.audio.cli",
 }
+EXTRAS = {"llm": "convert", "vision": "convert-vision", "audio": "convert-vision,audio"}  # pyproject's extras
+OWN_PACKAGES = {"converters", "runtime", "devices"}
+
+
+def unavailable(kind: str, exc: ModuleNotFoundError) -> str:
+    """One line: which converter, which module is missing, and the pip line that installs it."""
+    name = exc.name or "?"
+    what = (f"its module {name!r} is not part of this install" if name.split(".")[0] in OWN_PACKAGES
+            else f"the Python package {name.split('.')[0]!r} is not installed")
+    return f"the {kind} converter cannot be imported: {what}; install it with: pip install 'edgerun[{EXTRAS[kind]}]'"
+
+
+def _import(kind: str) -> tuple[object | None, str | None]:
+    """The converter's CLI module, or None and why it is unavailable (a module that is not installed)."""
+    try:
+        return importlib.import_module(KINDS[kind]), None
+    except ModuleNotFoundError as exc:
+        if exc.name is None:
+            raise
+        return None, unavailable(kind, exc)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="kind", metavar="KIND", required=True)
-    for kind, module in KINDS.items():
-        try:
-            mod = importlib.import_module(module)
-        except ModuleNotFoundError as exc:
-            if exc.name and (module == exc.name or module.startswith(exc.name + ".")):
-                continue  # this converter is not in this install
-            raise
-        mod.add_arguments(sub.add_parser(kind, help=getattr(mod, "HELP", "")))
+    for kind in KINDS:
+        mod, why = _import(kind)
+        if mod is not None:
+            mod.add_arguments(sub.add_parser(kind, help=getattr(mod, "HELP", "")))  # type: ignore[attr-defined]
+            continue
+        # takes every argument as it is (no option is known, --help included), so that main gives the pip line
+        stub = sub.add_parser(kind, help=f"(not available: {why})", description=why, add_help=False, prefix_chars="\0")
+        stub.add_argument("args", nargs=argparse.REMAINDER)
+        stub.set_defaults(unavailable=why)
 
 
 def main(args: argparse.Namespace) -> int:
     if args.kind not in KINDS:
         raise BadInput(f"unknown model kind {args.kind!r}; valid: {', '.join(KINDS)}")
-    try:
-        mod = importlib.import_module(KINDS[args.kind])
-    except ModuleNotFoundError as exc:
-        raise MissingDependency(f"the {args.kind} converter is not available: {exc}") from None
-    return int(mod.main(args) or 0)
+    if getattr(args, "unavailable", None):
+        raise MissingDependency(args.unavailable)
+    mod, why = _import(args.kind)
+    if mod is None:
+        raise MissingDependency(why)
+    return int(mod.main(args) or 0)  # type: ignore[attr-defined]
