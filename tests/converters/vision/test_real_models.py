@@ -6,7 +6,7 @@ variants of the packaged photos and gated on the 8 photos plus 96 other
 variants, at the default gate (converters.vision.gate.default_checks): top-1 agreement
 with float over the samples whose float decision survives invisible noise, and top-5
 agreement. The photos themselves must keep their correct labels. MobileNetV2 converts
-once more with ``--equalize on``, and once with a calibration set scaled to a tenth of
+once more with ``--equalize on``, and once with a calibration set scaled to half of
 the real inputs' range, a broken conversion the default gate must refuse (exit 7).
 """
 
