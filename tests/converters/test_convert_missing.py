@@ -16,9 +16,13 @@ CONVERTER_MODULES = ("converters.vision.cli", "converters.audio.cli", "converter
 
 
 def _drop_converters(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Forget the imported converter modules, so that the command imports them again under the patched sys.modules."""
+    """Forget the imported converter modules (in sys.modules and as their package's attributes, which
+    ``from package import module`` reads first), so that the command imports them again under the patched sys.modules."""
     for name in CONVERTER_MODULES:
         monkeypatch.delitem(sys.modules, name, raising=False)
+        parent, _, child = name.rpartition(".")
+        if parent in sys.modules:
+            monkeypatch.delattr(sys.modules[parent], child, raising=False)
 
 
 @pytest.mark.parametrize(
