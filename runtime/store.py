@@ -130,17 +130,23 @@ class Store:
 
     # -- reading -------------------------------------------------------------
     def _history(self, name: str) -> list[str]:
+        """The versions made current, oldest first: only installed versions, whatever state.json holds.
+
+        state.json is a file in the store, not a checked input: a version in it is kept only if it is
+        one of :meth:`_versions` (a valid version, by ``re.fullmatch``, with a manifest), so '../..' or
+        '1.0\\n' can never become the current version, nor a path built from it."""
         path = self.models / check_name(name) / "state.json"
         if not path.is_file():
             return []
         try:
-            with open(path, "rb") as fh:
+            with open_regular(path, "store state file") as fh:  # a FIFO swapped in after is_file() is refused, not waited on
                 history = json.loads(fh.read(1 << 20))["history"]  # a list of versions: bounded read
             if not isinstance(history, list):
                 raise TypeError
         except (ValueError, KeyError, TypeError, RecursionError):
             raise BadInput(f"{path}: store state is corrupt; remove it to reset {name!r}'s current version") from None
-        return [v for v in history if isinstance(v, str) and (self.models / name / v / MANIFEST).is_file()]
+        installed = set(self._versions(name))
+        return [v for v in history if isinstance(v, str) and _valid(check_version, v) and v in installed]
 
     def names(self) -> list[str]:
         self._check_root()

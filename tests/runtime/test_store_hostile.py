@@ -115,6 +115,26 @@ def test_every_store_method_checks_its_name(store: Store, tmp_path: Path, call) 
     assert tree(store.root) == before
 
 
+# state.json is a file in the store, not checked input. Before, any entry whose <models>/tiny/<entry>/manifest.json
+# existed was kept, and the last one became the current version: a path out of the store, or another spelling of one.
+@pytest.mark.parametrize("hostile", [
+    "../../../out/evil-9.0", "2.0/../../../../out/evil-9.0",  # the bundle in tmp_path/out: outside the store
+    "1.0/.", "2.0/../1.0",  # installed folders under names that are not versions
+    7, "2.0\n",  # not a string; no such folder (refused before too, kept as cases of the class)
+])
+def test_state_json_versions_must_be_installed_versions(store: Store, tmp_path: Path, hostile: object) -> None:
+    store.install(make_transport(tmp_path / "a", version="1.0"))
+    store.install(make_transport(tmp_path / "b", version="2.0"))  # current: 2.0
+    make_bundle_dir(tmp_path / "out", name="evil", version="9.0")  # a bundle outside the store
+    state = store.models / "tiny" / "state.json"
+    state.write_text(json.dumps({"history": ["1.0", "2.0", hostile]}))
+    current = store.get("tiny")
+    assert (current.ref, current.directory, current.current) == ("tiny@2.0", store.models / "tiny" / "2.0", True)
+    assert [(i.ref, i.current) for i in store.list()] == [("tiny@1.0", False), ("tiny@2.0", True)]
+    assert store.rollback("tiny").ref == "tiny@1.0"  # the hostile entry was not a version to roll back from
+    assert json.loads(state.read_text()) == {"history": ["1.0"]}
+
+
 @pytest.mark.parametrize("garbage", [b"[" * 100_000, b"{not json", b"\xff\xfe", b""])
 def test_list_survives_one_damaged_manifest(store: Store, tmp_path: Path, capsys, caplog, garbage: bytes) -> None:
     store.install(make_transport(tmp_path / "a", name="good"))
