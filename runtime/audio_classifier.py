@@ -23,7 +23,7 @@ from runtime import preprocess
 from runtime.audio import Audio, FrontEnd, WavInfo, load_audio, open_frontend, reading_bytes
 from runtime.backends.base import ClassifierBackend
 from runtime.bundle import AudioSpec, ModelKind
-from runtime.classifier import _check_quant, open_backend, time_calls
+from runtime.classifier import _check_quant, open_backend, read_labels, time_calls
 from runtime.errors import BadInput
 from runtime.resolve import ResolvedModel, resolve
 from runtime.vision_plan import ClassifierPlan, plan_classifier
@@ -89,16 +89,17 @@ class AudioClassifier:
         if manifest.kind is not ModelKind.AUDIO or manifest.audio is None:
             raise BadInput(f"{manifest.ref} is a {manifest.kind.value} bundle, not an audio one")
         spec = manifest.audio
-        files = [model.file(name) for name in spec.frontend_files]  # the checked real paths
-        weights = manifest.file("weights").size + sum(f.stat().st_size for f in files)
+        sizes = {f.path: f.size for f in manifest.files}  # verified: each file is this size
+        weights = manifest.file("weights").size + sum(sizes[name] for name in spec.frontend_files)
         # the model's batch is a segment's windows, whatever the number of files
         plan = plan_classifier(manifest, weights, memory or default_budget(), batch=SEGMENT_WINDOWS, resident_bytes=resident_bytes,
                                input_bytes=input_bytes + reading_bytes(inputs, spec.sample_rate) + segment_bytes(spec))
         placement = resolve_placement(manifest.backend.value, target, require_accelerator=require_accelerator, threads=threads,
                                       int8=spec.quantization == "int8", busy_threads=busy_threads)
-        labels = preprocess.read_labels(model.file(spec.labels)) if spec.labels else []
-        frontend = open_frontend(FrontEnd(spec.frontend), files, spec.input_shape, threads=placement.threads,
-                                 spin=not placement.shares_cores)
+        labels = read_labels(model, spec.labels)
+        frontend = model.load(lambda files: open_frontend(FrontEnd(spec.frontend), files, spec.input_shape,  # the verified files
+                                                          threads=placement.threads, spin=not placement.shares_cores),
+                              *spec.frontend_files)
         try:
             backend = open_backend(model, placement)
         except BaseException:

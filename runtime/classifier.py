@@ -52,13 +52,24 @@ def open_backend(model: ResolvedModel, placement: Any) -> ClassifierBackend:
         raise BadInput(f"{model.manifest.ref}: backend {backend.value!r} cannot run a classifier (valid: {valid})")
     module, cls = BACKENDS[backend]
     factory = getattr(importlib.import_module(module), cls)
-    path = model.path("weights")
-    if backend is BackendName.LITERT:
-        return factory(path, threads=placement.threads, delegate=placement.delegate)
-    if backend is BackendName.ORT:
-        return factory(path, threads=placement.threads, providers=placement.providers or ("CPUExecutionProvider",),
-                       spin=not placement.shares_cores)
-    return factory(path, threads=placement.threads)
+
+    def load(paths: list[Path]) -> ClassifierBackend:  # the verified file itself (runtime.checked_open)
+        if backend is BackendName.LITERT:
+            return factory(paths[0], threads=placement.threads, delegate=placement.delegate)
+        if backend is BackendName.ORT:
+            return factory(paths[0], threads=placement.threads, providers=placement.providers or ("CPUExecutionProvider",),
+                           spin=not placement.shares_cores)
+        return factory(paths[0], threads=placement.threads)
+
+    return model.load(load, model.manifest.file("weights").path)
+
+
+def read_labels(model: ResolvedModel, name: str | None) -> list[str]:
+    """The bundle's labels file ``name`` as it was verified; no labels without one."""
+    if not name:
+        return []
+    with model.opened(name) as (path,):
+        return preprocess.read_labels(path)
 
 
 def _check_quant(ref: str, what: str, declared: TensorQuant, dtype: str, scale: float, zero: int) -> None:
@@ -110,7 +121,7 @@ class Classifier:
         plan = plan_classifier(manifest, manifest.file("weights").size, budget, batch=batch, resident_bytes=resident_bytes)
         placement = resolve_placement(manifest.backend.value, target, require_accelerator=require_accelerator, threads=threads,
                                       int8=manifest.vision.quantization == "int8", busy_threads=busy_threads)
-        labels = preprocess.read_labels(model.file(manifest.vision.labels)) if manifest.vision.labels else []
+        labels = read_labels(model, manifest.vision.labels)
         backend = open_backend(model, placement)
         try:
             placement = placement.loaded(backend.offload(), require_accelerator=require_accelerator)

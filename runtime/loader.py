@@ -7,6 +7,7 @@ refused under ``require_accelerator``) before the backend library is imported.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from typing import TYPE_CHECKING
 
@@ -37,20 +38,22 @@ def open_llm(
     manifest = model.manifest
     if manifest.kind != ModelKind.LLM or manifest.backend != BackendName.LLAMACPP:
         raise BadInput(f"{manifest.ref} is a {manifest.kind.value} model for {manifest.backend.value}; this command runs GGUF language models")
-    info = read_gguf(model.path())
-    plan = plan_llm(info, budget, name=manifest.ref, ctx=ctx, kv_type=kv_type, prefix_cache_bytes=prefix_cache_bytes)
-    from devices.placement import resolve_placement
+    with contextlib.ExitStack() as undo:
+        # The header check, the plan and llama.cpp all read the one file that was verified (runtime.checked_open).
+        with model.opened(manifest.file("weights").path) as (weights,):
+            info = read_gguf(weights)
+            plan = plan_llm(info, budget, name=manifest.ref, ctx=ctx, kv_type=kv_type, prefix_cache_bytes=prefix_cache_bytes)
+            from devices.placement import resolve_placement
 
-    n_layers = int(info.arch_value("block_count", 0) or 0)
-    placement = resolve_placement("llamacpp", target, require_accelerator=require_accelerator, threads=threads, n_layers=n_layers)
-    from runtime.backends.llamacpp import LlamaCppBackend
+            n_layers = int(info.arch_value("block_count", 0) or 0)
+            placement = resolve_placement("llamacpp", target, require_accelerator=require_accelerator, threads=threads,
+                                          n_layers=n_layers)
+            from runtime.backends.llamacpp import LlamaCppBackend
 
-    backend = LlamaCppBackend(model.path(), plan, threads=placement.threads, gpu_layers=placement.gpu_layers)
-    try:
+            backend = LlamaCppBackend(weights, plan, threads=placement.threads, gpu_layers=placement.gpu_layers)
+            undo.callback(backend.close)
         placement = placement.loaded(backend.offload(), require_accelerator=require_accelerator)  # measured by llama.cpp
-    except BaseException:
-        backend.close()
-        raise
+        undo.pop_all()
     log.info("%s", placement.summary())
     return cls(model, plan, backend, placement)
 

@@ -13,8 +13,10 @@ A model is named as:
 Every file is hashed in full once; a stamp (:mod:`runtime.stamps`) then spares
 the hash while stat() shows the files unchanged. ``full_check`` (``edgerun
 verify``) hashes regardless. The result carries the real path of each checked
-file, inside the bundle: loaders open those, so a link changed afterwards cannot
-redirect the load, and a link out of the bundle is refused.
+file, inside the bundle, and the identity it had when checked: loaders open the
+files through :meth:`ResolvedModel.opened` (:mod:`runtime.checked_open`), so a
+file replaced, rewritten or re-linked after the check is refused, not loaded,
+and a link out of the bundle is refused.
 """
 
 from __future__ import annotations
@@ -23,18 +25,22 @@ import logging
 import os
 import re
 import stat
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 from runtime import recipes
 from runtime.bundle import FileEntry, Manifest, file_kind, open_regular, read_manifest_dir, sha256_file
+from runtime.checked_open import Closable, Identity, identity, load_verified, opened
 from runtime.errors import BadInput
 from runtime.gguf_file import read_gguf
-from runtime.stamps import Stamps, check_bundle, identity
+from runtime.stamps import Stamps, check_bundle
 from runtime.store import Store, parse_ref
 
 log = logging.getLogger(__name__)
+T = TypeVar("T", bound=Closable)
 
 
 @dataclass(frozen=True)
@@ -44,6 +50,8 @@ class ResolvedModel:
     origin: str  # "store", "bundle-dir" or "gguf"
     # Each manifest file name -> the real file that was checked (inside the bundle): what loaders open.
     files: Mapping[str, Path] = field(default_factory=dict)
+    # Each manifest file name -> its identity (dev, inode, size, mtime_ns, ctime_ns) when it was checked.
+    identities: Mapping[str, Identity] = field(default_factory=dict)
 
     def path(self, role: str = "weights") -> Path:
         return self.file(self.manifest.file(role).path)
@@ -56,34 +64,51 @@ class ResolvedModel:
             raise BadInput(f"bundle {self.manifest.ref} has no file {name!r} (files: {', '.join(self.files)})")
         return self.files[name]
 
+    def _checked(self, names: tuple[str, ...]) -> list[tuple[Path, Identity | None]]:
+        return [(self.file(n), self.identities.get(n)) for n in names]
+
+    def opened(self, *names: str) -> AbstractContextManager[list[Path]]:
+        """Paths to the bundle files ``names`` as they were verified, valid inside the ``with`` block
+        (:func:`runtime.checked_open.opened`); a file changed since its check is refused with one line."""
+        return opened(self._checked(names))
+
+    def load(self, load: Callable[[list[Path]], T], *names: str) -> T:
+        """``load(paths)`` on the verified files ``names``: a backend or front end, closed again if refused."""
+        return load_verified(self._checked(names), load)
+
 
 def _looks_like_path(ref: str) -> bool:
     return os.sep in ref or ref.startswith(".") or ref.endswith((".gguf", ".edgerun")) or os.path.exists(ref)
 
 
 def _verified(manifest: Manifest, directory: Path, store: Store, origin: str, full: bool) -> ResolvedModel:
-    return ResolvedModel(manifest, directory, origin, check_bundle(directory, manifest, store.stamps, full))
+    return ResolvedModel(manifest, directory, origin, *check_bundle(directory, manifest, store.stamps, full))
 
 
 def wrap_gguf(path: Path, stamps: Stamps | None = None, full: bool = False) -> ResolvedModel:
     """A bare GGUF as a one-file bundle. Its SHA-256 (the manifest's version) is computed once and
     kept in a stamp that any change to the file voids (:mod:`runtime.stamps`)."""
     real = Path(os.path.realpath(path))  # the user named this file: follow their link once, then use the real path
-    info = read_gguf(real)  # rejects non-GGUF and damaged files before anything else
-    ident = identity(real)  # before hashing: a change while hashing voids the stamp
+    try:
+        ident = identity(real)  # before reading: a change while hashing voids the stamp and refuses the load
+    except OSError as exc:
+        raise BadInput(f"{path}: cannot read this model file ({exc.strerror})") from None
     record = stamps.get(real) if stamps is not None and not full else None
-    if isinstance(record, dict) and record.get("identity") == ident and isinstance(record.get("sha256"), str):
-        sha, size = record["sha256"], ident[2]
-        log.info("%s: unchanged since its last full check; not hashed again", real)
-    else:
-        sha, size = sha256_file(real)
-        if stamps is not None:
-            stamps.put(real, {"identity": ident, "sha256": sha})
+    stamped = isinstance(record, dict) and record.get("identity") == list(ident) and isinstance(record.get("sha256"), str)
+    with opened([(real, ident)]) as (checked,):  # the header and the hash are read from the file whose identity is kept
+        info = read_gguf(checked)  # rejects non-GGUF and damaged files before anything else
+        if stamped:
+            sha, size = record["sha256"], ident[2]  # type: ignore[index]
+            log.info("%s: unchanged since its last full check; not hashed again", real)
+        else:
+            sha, size = sha256_file(checked)
+    if stamps is not None and not stamped:
+        stamps.put(real, {"identity": ident, "sha256": sha})
     stem = re.sub(r"[^a-z0-9._-]+", "-", path.stem.lower()).strip("-._") or "model"
     manifest = recipes.llm_manifest(
         info, stem[:64], f"file-{sha[:12]}", FileEntry(path.name, sha, size), str(info.metadata.get("general.license", "unknown"))
     )
-    return ResolvedModel(manifest, real.parent, "gguf", {path.name: real})
+    return ResolvedModel(manifest, real.parent, "gguf", {path.name: real}, {path.name: ident})
 
 
 def resolve(ref: str, store: Store | None = None, *, full_check: bool = False) -> ResolvedModel:

@@ -21,14 +21,12 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from runtime.bundle import Manifest, bundle_files, hash_files
+from runtime.bundle import Manifest, bundle_files, hash_files, parse_json
+from runtime.checked_open import Identity, identity, opened
+from runtime.errors import BadInput
 
 log = logging.getLogger(__name__)
-
-
-def identity(path: Path) -> list[int]:
-    st = os.stat(path)
-    return [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+MAX_STAMP_BYTES = 1 << 20  # a stamp holds a path and five numbers per file
 
 
 class Stamps:
@@ -44,8 +42,8 @@ class Stamps:
         path = self._path(target)
         try:
             with open(path, "rb") as fh:
-                data = json.loads(fh.read(1 << 20))
-        except (OSError, ValueError):
+                data = parse_json(fh.read(MAX_STAMP_BYTES), str(path))  # bounded: deep nesting is BadInput, not RecursionError
+        except (OSError, BadInput):
             return None
         if not isinstance(data, dict) or data.get("target") != os.path.realpath(target):
             return None
@@ -73,26 +71,36 @@ class Stamps:
             self._path(target).unlink()
 
 
-def _record(files: dict[str, Path], manifest: Manifest) -> dict[str, list[Any]]:
-    return {e.path: [str(files[e.path]), *identity(files[e.path]), e.size, e.sha256] for e in manifest.files}
+def _identities(files: dict[str, Path]) -> dict[str, Identity]:
+    return {name: identity(path) for name, path in files.items()}
 
 
-def check_bundle(directory: Path, manifest: Manifest, stamps: Stamps | None, full: bool = False) -> dict[str, Path]:
+def _record(files: dict[str, Path], manifest: Manifest, identities: dict[str, Identity]) -> dict[str, list[Any]]:
+    return {e.path: [str(files[e.path]), *identities[e.path], e.size, e.sha256] for e in manifest.files}
+
+
+def check_bundle(directory: Path, manifest: Manifest, stamps: Stamps | None,
+                 full: bool = False) -> tuple[dict[str, Path], dict[str, Identity]]:
     """Verify a bundle directory, hashing only when ``full`` or when a file changed since its stamp.
 
-    Returns the real paths that were checked (:func:`runtime.bundle.bundle_files`): load those.
+    Returns the real paths that were checked (:func:`runtime.bundle.bundle_files`) and the identity each
+    had when checked: loaders open them through :mod:`runtime.checked_open`, which refuses any other file.
     """
     files = bundle_files(directory, manifest)  # type, place and size: every run, no reading
-    record = _record(files, manifest)  # identities before hashing: a change during the hash voids the stamp
+    identities = _identities(files)  # before hashing: a change during the hash voids the stamp and refuses the load
+    record = _record(files, manifest, identities)
     if not full and stamps is not None and stamps.get(directory) == record:
         log.info("%s: unchanged since its last full check (size, mtime, ctime, inode); not hashed again", directory)
-        return files
-    hash_files(files, manifest, directory)
+        return files, identities
+    names = [e.path for e in manifest.files]
+    with opened([(files[n], identities[n]) for n in names]) as paths:  # hash the very files whose identity is recorded
+        hash_files(dict(zip(names, paths, strict=True)), manifest, directory)
     if stamps is not None:
         stamps.put(directory, record)
-    return files
+    return files, identities
 
 
 def record_bundle(directory: Path, manifest: Manifest, stamps: Stamps) -> None:
     """Stamp a bundle whose files were hashed as they were written (a store install)."""
-    stamps.put(directory, _record(bundle_files(directory, manifest), manifest))
+    files = bundle_files(directory, manifest)
+    stamps.put(directory, _record(files, manifest, _identities(files)))

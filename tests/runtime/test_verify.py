@@ -25,7 +25,7 @@ def hashed(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     real = runtime.bundle.sha256_file
 
     def spy(path, *args, **kwargs):
-        seen.append(Path(path).name)
+        seen.append(Path(os.path.realpath(path)).name)  # the file a /proc/self/fd/N path names
         return real(path, *args, **kwargs)
 
     monkeypatch.setattr(runtime.bundle, "sha256_file", spy)
@@ -67,6 +67,20 @@ def test_a_change_that_keeps_size_and_mtime_is_still_caught(store: Store, tmp_pa
     flip_last_byte_keeping_mtime(directory / "model.gguf")
     with pytest.raises(BadInput, match="checksum mismatch for model.gguf"):
         resolve(ref, store)
+
+
+@pytest.mark.parametrize("garbage", [b"[" * 100_000, b"[" * 50_000 + b"]" * 50_000, b'{"record": ' + b"[" * 100_000, b"1" * 5000])
+@pytest.mark.parametrize("bare", [False, True], ids=["bundle-dir", "bare-gguf"])
+def test_a_damaged_stamp_means_a_full_check(store: Store, tmp_path: Path, hashed: list[str], garbage: bytes, bare: bool) -> None:
+    """A stamp nested 100,000 deep raised RecursionError (only OSError and ValueError were caught): now it is
+    read with the manifests' bounded parser, and a stamp it refuses is no stamp."""
+    target = write_tiny(tmp_path / "m.gguf") if bare else make_bundle_dir(tmp_path / "src")
+    resolve(str(target), store)
+    store.stamps._path(target).write_bytes(garbage)
+    resolve(str(target), store)
+    assert len(hashed) == 2
+    resolve(str(target), store)  # the full check wrote a good stamp again
+    assert len(hashed) == 2
 
 
 def test_a_changed_manifest_voids_the_stamp(store: Store, tmp_path: Path) -> None:
