@@ -8,6 +8,7 @@ import sys
 from runtime.bundle import ModelKind
 from runtime.classifier import DEFAULT_TOP_K, Classifier
 from runtime.cli.common import print_json
+from runtime.cli.terminal import printable
 from runtime.resolve import ResolvedModel
 
 
@@ -49,7 +50,7 @@ def main(args: argparse.Namespace, resolved: ResolvedModel) -> int:
         for pred in predictions:
             print(pred.source + _audio_line(pred))
             for lab in pred.labels:
-                print(f"  {lab.score:7.2%}  {lab.label}  ({lab.index})")
+                print(f"  {lab.score:7.2%}  {printable(lab.label)}  ({lab.index})")  # the bundle author's text
     return 0
 
 

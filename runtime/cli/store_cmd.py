@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from runtime.cli.common import print_json
+from runtime.cli.terminal import printable
 from runtime.errors import BadInput
 from runtime.store import Store, check_pack_out, pack, parse_ref
 from runtime.units import fmt_bytes
@@ -46,7 +47,9 @@ def main(args: argparse.Namespace) -> int:
             print(f"no models installed in {store.root} (the first 'edgerun run default' builds the default one)")
         for r in rows if not args.json else ():
             size = fmt_bytes(sum(f.size for f in r.manifest.files))
-            print(f"{'*' if r.current else ' '} {r.manifest.name:<28} {r.manifest.version:<20} {r.manifest.kind.value:<6} {size:>10}  {r.manifest.license}")
+            terms = printable(r.manifest.license)  # the bundle author's text: no escape sequence reaches the terminal
+            mark = "*" if r.current else " "
+            print(f"{mark} {r.manifest.name:<28} {r.manifest.version:<20} {r.manifest.kind.value:<6} {size:>10}  {terms}")
     elif cmd == "remove":
         name, version = parse_ref(args.model)  # "name@" is refused, not read as every version
         removed = store.remove(name, version)

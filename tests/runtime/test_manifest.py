@@ -196,3 +196,36 @@ def test_inspect_escapes_gguf_strings(tmp_path: Path, capsys) -> None:
     out = capsys.readouterr().out
     assert f"license: {ESCAPED}" in out and f"general.name = {ESCAPED}" in out
     assert not any(ch in out for ch in "\x1b\x07\r\x00\x7f\x9b\u202e\u2028")
+
+
+def test_list_escapes_the_license(store, tmp_path: Path, capsys) -> None:
+    # `edgerun list` printed each installed manifest's license raw.
+    store.install(_bundle(tmp_path / "b", _set(VISION, "license", HOSTILE_TEXT), b"weights"))
+    assert cli(["list"]) == 0
+    out = capsys.readouterr().out
+    assert out.rstrip("\n").endswith(f"  {ESCAPED}") and out.count("\n") == 1
+    assert not any(ch in out for ch in "\x1b\x07\r\x00\x7f\x9b\u202e\u2028")
+
+
+# A label cannot hold a line break (the labels file is split into lines), but every other control character it can.
+HOSTILE_LABEL = "cat\x1b[2J\x1b]0;owned\x07\x00\x7f\x9b31m\u202etac"
+ESCAPED_LABEL = r"cat\x1b[2J\x1b]0;owned\x07\x00\x7f\x9b31m\u202etac"
+
+
+def test_classifier_labels_are_escaped(tmp_path: Path, capsys) -> None:
+    # `edgerun run` printed the bundle's label text raw under each input.
+    from PIL import Image
+
+    from tests.runtime.test_null_backend import null_bundle
+
+    bundle = null_bundle(tmp_path / "b")
+    labels = "".join(f"{HOSTILE_LABEL}{i}\n" for i in range(10)).encode()
+    (bundle / "labels.txt").write_bytes(labels)
+    manifest = json.loads((bundle / MANIFEST).read_text())
+    manifest["files"][1].update(sha256=hashlib.sha256(labels).hexdigest(), size=len(labels))
+    (bundle / MANIFEST).write_text(json.dumps(manifest))
+    Image.new("RGB", (8, 8)).save(tmp_path / "in.png")
+    assert cli(["run", str(bundle), "--input", str(tmp_path / "in.png"), "--top", "3"]) == 0
+    out = capsys.readouterr().out
+    assert out.count(ESCAPED_LABEL) == 3
+    assert not any(ch in out for ch in "\x1b\x07\x00\x7f\x9b\u202e")
