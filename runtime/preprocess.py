@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from runtime.bundle import ColorOrder, Layout, ResizeMode, TensorQuant, VisionSpec
+from runtime.bundle import ColorOrder, Layout, ResizeMode, TensorQuant, VisionSpec, open_regular
 from runtime.errors import BadInput, missing
 
 MAX_IMAGE_PIXELS = 64 << 20  # refuse decompression bombs before decoding
@@ -30,10 +30,10 @@ def load_rgb(path: Path | str) -> np.ndarray:
     """Decode an image file to uint8 RGB, HxWx3. Undecodable files raise BadInput naming the file."""
     Image = _pil()
     path = Path(path)
-    if not path.is_file():
-        raise BadInput(f"{path}: no such image file")
     try:
-        with Image.open(path) as img:
+        # open_regular: a missing path, a FIFO or a device is one line, and a FIFO swapped in after its stat() is
+        # opened without blocking and refused by fstat() (a check-then-open by path would wait on it forever).
+        with open_regular(path, "image file") as fh, Image.open(fh) as img:
             if img.width * img.height > MAX_IMAGE_PIXELS:
                 raise BadInput(f"{path}: {img.width}x{img.height} pixels is too large (at most {MAX_IMAGE_PIXELS})")
             return np.asarray(img.convert("RGB"), dtype=np.uint8)

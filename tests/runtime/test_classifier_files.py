@@ -202,3 +202,22 @@ def test_peak_live_bytes_frees_each_tensor_after_its_last_reader() -> None:
     chain = [(["x"], ["a"]), (["a"], ["b"]), (["b"], ["y"])]
     assert peak_live_bytes(chain, sizes, ["x"], ["y"]) == 150  # a and b together, never all four
     assert peak_live_bytes(chain, sizes, ["x"], ["y"]) < sum(sizes.values())
+
+
+@pytest.mark.parametrize("raced", [False, True], ids=["fifo", "fifo-swapped-in-after-stat"])
+def test_an_image_that_is_a_fifo_is_refused_without_blocking(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, raced: bool) -> None:
+    """load_rgb checked is_file() and then opened the path: a FIFO swapped in between blocked the open forever (and a
+    FIFO was "no such image file"). It now opens through open_regular: no blocking open, and fstat() decides."""
+    import os
+
+    import runtime.bundle
+    from runtime.preprocess import load_rgb
+
+    fifo = tmp_path / "in.png"
+    os.mkfifo(fifo)
+    if raced:  # stat() saw a regular file; the FIFO is what gets opened
+        monkeypatch.setattr(runtime.bundle, "stat_regular", lambda path, what="file": None)
+    with pytest.raises(BadInput, match=r"in.png: is a FIFO, not a regular file; give a regular image file$"):
+        load_rgb(fifo)
+    with pytest.raises(BadInput, match=r": is a directory, not a regular file"):
+        load_rgb(tmp_path)
