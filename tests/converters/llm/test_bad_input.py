@@ -112,7 +112,7 @@ CASES = [
     # Gemma 3 with a global layer where llama.cpp's fixed pattern has a sliding one: refused, not mis-converted.
     ("gemma3-layer-pattern", _set_config("layer_types", ["full_attention"] * 6), [], 2, "fixed pattern", "gemma3"),
     # A negative gate makes no sense.
-    ("negative-max-kl", lambda d: None, ["--max-kl", "-1"], 2, "must be a non-negative"),
+    ("negative-max-kl", lambda d: None, ["--max-kl", "-1"], 2, "argument --max-kl: '-1' is out of range: use a number from 0 to 100"),
     # The gate: a zero KL budget on q4_0 cannot pass; no bundle may appear.
     ("quality-gate", lambda d: None, ["--quant", "q4_0", "--max-kl", "0"], 7, "exceeds --max-kl 0.0"),
 ]
