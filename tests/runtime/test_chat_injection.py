@@ -12,6 +12,7 @@ import io
 import json
 import os
 import random
+import shutil
 import time
 
 import pytest
@@ -20,7 +21,7 @@ from runtime.backends.base import SpecialToken
 from runtime.chat import ChatSession, _tokens, template_for
 from runtime.chat_template import ChatTemplate
 from runtime.chat_tokens import ChatTokenizer
-from runtime.cli import main as cli
+from apps.cli import main as cli
 from runtime.errors import BadInput
 from runtime.llm import LLM
 from tests.runtime.fake_backend import FakeBackend
@@ -242,7 +243,9 @@ def test_legitimate_templates_still_loop_call_and_format() -> None:
 def test_edgerun_chat_with_a_hostile_template_exits_2_in_one_line(smollm, tmp_path, monkeypatch, capsys) -> None:
     bundle = tmp_path / "hostile"
     bundle.mkdir()
-    os.link(smollm.path(), bundle / "model.gguf")  # the same verified weights, no copy
+    # a copy, not a hard link: a new link changes the shared model file's ctime, and a verified file whose identity
+    # changed is refused at load (runtime/checked_open.py), which would fail every later test on the shared model
+    shutil.copyfile(smollm.path(), bundle / "model.gguf")
     manifest = json.loads((smollm.path().parent / "manifest.json").read_text())
     manifest["llm"]["chat_template"] = HOSTILE["nested loops"][0]
     (bundle / "manifest.json").write_text(json.dumps(manifest))
