@@ -44,7 +44,7 @@ print(json.dumps({"base": base, "peak": peak_rss_bytes(), "plan_total": plan.tot
 
 def main() -> int:
     from converters.vision import photos
-    from runtime.cli import main as edgerun
+    from apps.cli import main as edgerun
 
     rows = []
     with tempfile.TemporaryDirectory() as tmp:

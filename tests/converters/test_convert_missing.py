@@ -10,9 +10,9 @@ import sys
 
 import pytest
 
-from runtime.cli import main as edgerun
+from apps.cli import main as edgerun
 
-CONVERTER_MODULES = ("converters.vision.cli", "converters.audio.cli", "converters.vision.gate")
+CONVERTER_MODULES = ("apps.cli.convert_vision", "apps.cli.convert_audio", "converters.vision.gate")
 
 
 def _drop_converters(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -28,7 +28,7 @@ def _drop_converters(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.mark.parametrize(
     "missing, words",
     [
-        ("converters.vision.cli", "its module 'converters.vision.cli' is not part of this install"),  # the converter itself
+        ("apps.cli.convert_vision", "its module 'apps.cli.convert_vision' is not part of this install"),  # the converter itself
         ("numpy", "the Python package 'numpy' is not installed"),  # a package its modules import
     ],
 )
@@ -56,7 +56,7 @@ def test_a_converter_that_cannot_be_imported_exits_4_with_the_pip_line(monkeypat
 
 def test_the_other_converters_stay_usable_and_the_list_says_which_is_not(monkeypatch, capsys) -> None:
     _drop_converters(monkeypatch)
-    monkeypatch.setitem(sys.modules, "converters.vision.cli", None)
+    monkeypatch.setitem(sys.modules, "apps.cli.convert_vision", None)
     assert edgerun(["convert", "--help"]) == 0
     listing = capsys.readouterr().out
     assert "(not available: the vision converter cannot be imported" in listing  # vision: the pip line in the list

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from runtime.cli import main as cli
+from apps.cli import main as cli
 
 CASES = [
     (["llm", "ckpt", "--quant", "q8_0", "--max-kl", "nan"], "--max-kl", "is out of range: use a number from 0 to 100"),

@@ -42,7 +42,7 @@ class PeerProcess:
     def start(self) -> "PeerProcess":
         env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "runtime", "serial-peer", self.url, "--store", self.store, "--quiet"],
+            [sys.executable, "-m", "apps", "serial-peer", self.url, "--store", self.store, "--quiet"],
             cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
         return self

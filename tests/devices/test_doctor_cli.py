@@ -13,7 +13,7 @@ from devices.capabilities import Backend, BackendCaps
 from devices.doctor import diagnose
 from devices.link.frame import Frame, FrameType, FrameDecoder, hello_payload
 from devices.link.transport import SerialTransport
-from runtime.cli import main as edgerun
+from apps.cli import main as edgerun
 from tests.devices.conftest import FIXTURES
 
 NOTHING = {

@@ -51,7 +51,7 @@ def main(argv):
         import contextlib
         import io
 
-        from runtime.cli import main as cli
+        from apps.cli import main as cli
 
         buf = io.StringIO()
         with contextlib.redirect_stdout(buf):

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from runtime.classifier import Classifier
-from runtime.cli import main as edgerun
+from apps.cli import main as edgerun
 from tests.converters.vision.digits import LABELS, Digits
 
 
@@ -120,7 +120,7 @@ def test_manifest_quantization_must_match_the_model(digit_bundles: dict[str, Pat
 
 
 def test_import_runtime_loads_no_backend_library() -> None:
-    code = ("import sys, runtime, runtime.classifier, runtime.cli.run_classifier, runtime.cli.bench_cmd, runtime.vision_plan; "
+    code = ("import sys, runtime, runtime.classifier, apps.cli.run_classifier, apps.cli.bench_cmd, runtime.vision_plan; "
             "bad = [m for m in ('onnxruntime', 'ai_edge_litert', 'tflite_runtime', 'torch', 'onnx', 'PIL') if m in sys.modules]; "
             "print(bad); sys.exit(1 if bad else 0)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=Path(__file__).resolve().parents[2])

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from runtime.cli import main as cli
+from apps.cli import main as cli
 from tests.ggufgen import write_tiny
 
 RUN_FIELDS = {"text", "tokens_in", "tokens_out", "ttft_ms", "prefill_tps", "decode_tps", "peak_rss_bytes", "n_ctx",

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from runtime.cli import main as cli
-from runtime.cli.common import MAX_CTX
-from runtime.cli.flags import max_threads
+from apps.cli import main as cli
+from apps.cli.common import MAX_CTX
+from apps.cli.flags import max_threads
 from runtime.errors import BadInput
 from runtime.units import parse_size
 
@@ -123,7 +123,7 @@ def _edgerun(args: list[bytes | str], stdin: bytes | int = b"") -> subprocess.Co
     # strict UTF-8 stdio, as in an en_US.UTF-8 terminal (the C and C.UTF-8 locales would use surrogateescape)
     env = {**os.environ, "PYTHONPATH": str(ROOT), "LC_ALL": "C.UTF-8", "PYTHONIOENCODING": "utf-8:strict", "OMP_NUM_THREADS": "1"}
     feed = {"input": stdin} if isinstance(stdin, bytes) else {"stdin": stdin}
-    code = "import sys; from runtime.cli import main; sys.exit(main())"
+    code = "import sys; from apps.cli import main; sys.exit(main())"
     return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, env=env, timeout=300, **feed)
 
 

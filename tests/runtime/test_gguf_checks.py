@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from gguf import GGUFValueType, GGUFWriter
 
-from runtime.cli import main as cli
+from apps.cli import main as cli
 from runtime.errors import BadInput
 from runtime.gguf_file import read_gguf
 from tests.ggufgen import set_scalar, write_tiny
@@ -142,7 +142,7 @@ from pathlib import Path
 with open("/proc/self/status") as f:
     vm = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmSize:"))
 resource.setrlimit(resource.RLIMIT_AS, (vm + (3 << 30), resource.RLIM_INFINITY))
-from runtime.cli import main
+from apps.cli import main
 sys.stderr = io.StringIO()
 try:
     code = main(json.loads(sys.argv[2]))

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from runtime.cli import main as cli
+from apps.cli import main as cli
 from runtime.errors import BadInput
 from runtime.gguf_file import read_gguf
 from tests.ggufgen import patch, write_tiny

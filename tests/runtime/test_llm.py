@@ -82,7 +82,7 @@ def test_unseeded_sampling_draws_a_fresh_seed_that_reproduces_the_run(llm) -> No
 
 
 def test_run_json_reports_the_seed_that_reproduces_it(smollm, capsys) -> None:
-    from runtime.cli import main as cli
+    from apps.cli import main as cli
 
     args = ["run", "default", "--prompt", "Once upon a time", "--max-tokens", "16", "--temperature", "0.9", "--top-k", "0",
             "--memory", "1G", "--ctx", "512", "--threads", "2", "--json"]

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from runtime.bundle import MANIFEST, Manifest
-from runtime.cli import main as cli
+from apps.cli import main as cli
 from runtime.errors import BadInput
 from tests.ggufgen import write_tiny
 
@@ -183,7 +183,7 @@ def test_inspect_escapes_control_characters(tmp_path: Path, capsys) -> None:
 
 
 def test_printable_leaves_ordinary_text_alone() -> None:
-    from runtime.cli.terminal import printable
+    from apps.cli.terminal import printable
 
     assert printable("Café Zürich 日本, Apache-2.0 (c) 2024") == "Café Zürich 日本, Apache-2.0 (c) 2024"
     assert printable({"note": "a\x1b"}) == "{'note': 'a\\x1b'}"  # containers print their items' repr: escaped once

@@ -13,7 +13,7 @@ import pytest
 from runtime.backends.base import TensorInfo
 from runtime.backends.null import NullBackend
 from runtime.bundle import sha256_file
-from runtime.cli import main as edgerun
+from apps.cli import main as edgerun
 from runtime.errors import BadInput
 
 IMAGE_IN = TensorInfo("input", (-1, 8, 8, 3), "float32")

@@ -28,7 +28,7 @@ def _edgerun(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
     cwd.mkdir(exist_ok=True)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("XDG_", "ORT_", "TF_"))}
     env.update(HOME=str(home), EDGERUN_HOME=str(tmp_path / "store"), PYTHONPATH=str(ROOT))
-    return subprocess.run([sys.executable, "-m", "runtime", *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=120)
+    return subprocess.run([sys.executable, "-m", "apps", *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=120)
 
 
 def _image(tmp_path: Path) -> Path:

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from runtime.bundle import MANIFEST, FileEntry, Manifest, sha256_file
-from runtime.cli import main as cli
+from apps.cli import main as cli
 from runtime.errors import BadInput
 from runtime.gguf_file import read_gguf
 from runtime.recipes import llm_manifest
@@ -174,7 +174,7 @@ def test_killed_install_leaves_the_store_as_it_was(store: Store, tmp_path: Path)
     m["files"][0].update(sha256=sha, size=size)
     (directory / MANIFEST).write_text(json.dumps(m))
     bundle = pack(directory, tmp_path / "big.edgerun")
-    proc = subprocess.Popen([sys.executable, "-m", "runtime", "install", str(bundle)], env={**os.environ, "EDGERUN_HOME": str(store.root)})
+    proc = subprocess.Popen([sys.executable, "-m", "apps", "install", str(bundle)], env={**os.environ, "EDGERUN_HOME": str(store.root)})
     deadline = time.time() + 30
     while time.time() < deadline and not (store.tmp.exists() and any(store.tmp.iterdir())):
         time.sleep(0.005)

@@ -19,7 +19,7 @@ import pytest
 
 import runtime.store
 from runtime.bundle import MANIFEST, Manifest, check_name, check_version
-from runtime.cli import main as cli
+from apps.cli import main as cli
 from runtime.errors import BadInput
 from runtime.store import MAX_TAR_HEADER, Store, parse_ref
 from tests.runtime.test_store import make_bundle_dir, make_transport, snapshot
@@ -258,7 +258,7 @@ def test_huge_manifest_in_a_folder_is_refused_before_reading(tmp_path: Path) -> 
     with open(directory / MANIFEST, "r+b") as fh:
         fh.truncate(64 << 30)
     code = ("import resource, sys; resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30)); "
-            "from runtime.cli import main; sys.exit(main(sys.argv[1:]))")
+            "from apps.cli import main; sys.exit(main(sys.argv[1:]))")
     done = subprocess.run([sys.executable, "-c", code, "install", str(directory)], capture_output=True, text=True, cwd=ROOT,
                           env={**os.environ, "EDGERUN_HOME": str(tmp_path / "home")}, timeout=60)
     assert done.returncode == 2, done.stderr
@@ -284,7 +284,7 @@ def test_fifo_as_the_model_path_is_refused_without_blocking(tmp_path: Path, name
     """Opening a FIFO for reading blocks until a writer comes: it hung forever. Run in a child with a timeout."""
     fifo = tmp_path / name
     os.mkfifo(fifo)
-    done = subprocess.run([sys.executable, "-m", "runtime", *argv, str(fifo)], capture_output=True, text=True, cwd=ROOT,
+    done = subprocess.run([sys.executable, "-m", "apps", *argv, str(fifo)], capture_output=True, text=True, cwd=ROOT,
                           env={**os.environ, "EDGERUN_HOME": str(tmp_path / "home")}, timeout=60)
     assert done.returncode == 2, done.stderr
     assert "is a FIFO" in done.stderr and done.stderr.count("\n") == 1

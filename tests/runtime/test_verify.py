@@ -10,7 +10,7 @@ import pytest
 
 import runtime.bundle
 from runtime.bundle import MANIFEST
-from runtime.cli import main as cli
+from apps.cli import main as cli
 from runtime.errors import BadInput
 from runtime.resolve import resolve
 from runtime.store import Store

@@ -11,7 +11,7 @@ import pytest
 
 from converters.vision.gate import compare
 from runtime.bundle import read_manifest_dir, verify_dir
-from runtime.cli import main as edgerun
+from apps.cli import main as edgerun
 from tests.converters.audio.speech import OTHER, WAKE, synthesize
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from runtime.cli import main as cli
+from apps.cli import main as cli
 
 
 def _set_config(key: str, value):

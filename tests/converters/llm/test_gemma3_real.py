@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from runtime.cli import main as cli
+from apps.cli import main as cli
 from tests.converters.llm.test_real_model import derive_script
 
 PROMPTS = ["The capital of France is", "Water boils at a temperature of",

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from runtime.bundle import read_manifest_dir
-from runtime.cli import main as cli
+from apps.cli import main as cli
 
 ROOT = Path(__file__).resolve().parents[3]
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from runtime.cli import main as edgerun
+from apps.cli import main as edgerun
 from tests.converters.vision.digits import MEAN, STD, Digits, make_digits
 
 # tests/runtime declares its own fixtures over session_digits()/session_bundles(); the cache keeps the

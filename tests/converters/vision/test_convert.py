@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from runtime.bundle import Layout, read_manifest_dir, verify_dir
-from runtime.cli import main as edgerun
+from apps.cli import main as edgerun
 from tests.converters.vision.conftest import convert_args
 from tests.converters.vision.digits import Digits
 

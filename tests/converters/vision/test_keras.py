@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from runtime.bundle import Layout, read_manifest_dir
-from runtime.cli import main as edgerun
+from apps.cli import main as edgerun
 from tests.converters.vision.digits import LABELS, MEAN, STD, Digits, make_keras_digits
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from converters.vision.pipeline import EQUALIZE_MARGIN
-from runtime.cli import main as edgerun
+from apps.cli import main as edgerun
 
 pytestmark = pytest.mark.slow
 MODELS = ["efficientnet-lite0", "mobilenet-v2"]

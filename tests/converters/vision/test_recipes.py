@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from runtime.cli import main as edgerun
+from apps.cli import main as edgerun
 from tests.converters.vision.conftest import convert_args
 from tests.converters.vision.digits import Digits
 

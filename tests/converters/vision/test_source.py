@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[3]
 
 
 def _convert(args: list[str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "runtime", *args], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    return subprocess.run([sys.executable, "-m", "apps", *args], capture_output=True, text=True, cwd=ROOT, timeout=300)
 
 
 def test_a_pt2_source_gets_one_warning_line_on_stderr(digits: Digits, tmp_path: Path) -> None:

@@ -14,12 +14,12 @@ from runtime.errors import BadInput, MissingDependency
 
 HELP = "convert a trained model into a quantized, measured bundle (convert llm|vision|audio --help)"
 KINDS = {
-    "llm": "converters.llm.cli",
-    "vision": "converters.vision.cli",
-    "audio": "converters.audio.cli",
+    "llm": "apps.cli.convert_llm",
+    "vision": "apps.cli.convert_vision",
+    "audio": "apps.cli.convert_audio",
 }
 EXTRAS = {"llm": "convert", "vision": "convert-vision", "audio": "convert-vision,audio"}  # pyproject's extras
-OWN_PACKAGES = {"converters", "runtime", "devices"}
+OWN_PACKAGES = {"apps", "converters", "runtime", "devices"}
 
 
 def unavailable(kind: str, exc: ModuleNotFoundError) -> str:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from runtime.cli.common import print_json
-from runtime.cli.terminal import printable
+from apps.cli.common import print_json
+from apps.cli.terminal import printable
 from runtime.gguf_file import read_gguf
 from runtime.resolve import resolve
 from runtime.units import fmt_bytes

@@ -7,8 +7,8 @@ import sys
 
 from runtime.bundle import ModelKind
 from runtime.classifier import DEFAULT_TOP_K, Classifier
-from runtime.cli.common import print_json
-from runtime.cli.terminal import printable
+from apps.cli.common import print_json
+from apps.cli.terminal import printable
 from runtime.resolve import ResolvedModel
 
 

@@ -8,8 +8,8 @@ from pathlib import Path
 from converters.vision import gate
 from converters.vision.recipes import Format, Quant, Rounding, parse
 from runtime.bundle import ColorOrder, Layout, ResizeMode
-from runtime.cli import flags
-from runtime.cli.common import print_json
+from apps.cli import flags
+from apps.cli.common import print_json
 from runtime.errors import BadInput
 
 CODE_WARNING = ("A .pt2, TorchScript or Keras/SavedModel source is code: loading it can run what it carries, so "

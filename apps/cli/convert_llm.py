@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from converters.llm.options import ConvertOptions, Quant
-from runtime.cli import flags
+from apps.cli import flags
 
 HELP = "Hugging Face checkpoint -> quantized GGUF bundle with a quality report against F16"
 CLI_QUANTS = [q.value for q in Quant if q != Quant.F32]

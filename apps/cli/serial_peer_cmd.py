@@ -15,7 +15,7 @@ import threading
 import time
 
 from devices.link.transport import SerialURL
-from runtime.cli.flags import INT32_MAX, integer, seconds
+from apps.cli.flags import INT32_MAX, integer, seconds
 
 HELP = "run the reference PLC side of a serial link (edgerun frames or Modbus RTU) on URL"
 

@@ -19,20 +19,20 @@ from runtime.errors import EdgerunError
 
 # name -> module; modules are imported only when their command runs.
 COMMANDS: dict[str, str] = {
-    "run": "runtime.cli.run_cmd",
-    "chat": "runtime.cli.chat_cmd",
-    "plan": "runtime.cli.plan_cmd",
-    "inspect": "runtime.cli.inspect_cmd",
-    "install": "runtime.cli.store_cmd",
-    "list": "runtime.cli.store_cmd",
-    "remove": "runtime.cli.store_cmd",
-    "rollback": "runtime.cli.store_cmd",
-    "pack": "runtime.cli.store_cmd",
-    "convert": "converters.cli.convert_cmd",
-    "bench": "runtime.cli.bench_cmd",
-    "verify": "runtime.cli.verify_cmd",
-    "doctor": "devices.cli.doctor_cmd",
-    "serial-peer": "devices.cli.serial_peer_cmd",
+    "run": "apps.cli.run_cmd",
+    "chat": "apps.cli.chat_cmd",
+    "plan": "apps.cli.plan_cmd",
+    "inspect": "apps.cli.inspect_cmd",
+    "install": "apps.cli.store_cmd",
+    "list": "apps.cli.store_cmd",
+    "remove": "apps.cli.store_cmd",
+    "rollback": "apps.cli.store_cmd",
+    "pack": "apps.cli.store_cmd",
+    "convert": "apps.cli.convert_cmd",
+    "bench": "apps.cli.bench_cmd",
+    "verify": "apps.cli.verify_cmd",
+    "doctor": "apps.cli.doctor_cmd",
+    "serial-peer": "apps.cli.serial_peer_cmd",
 }
 
 
@@ -72,7 +72,10 @@ def _help_line(name: str, module: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
-        print(_usage())
+        try:
+            print(_usage())
+        except BrokenPipeError:  # `edgerun --help | head`
+            pass
         return 0 if argv else 2
     name = argv.pop(0)
     if name not in COMMANDS:

@@ -6,8 +6,8 @@ import argparse
 import sys
 
 from runtime.classifier import DEFAULT_TOP_K
-from runtime.cli.common import SAMPLING_FLAGS, add_load_arguments, add_sampling_arguments, emit, load, refuse_flags, sampling
-from runtime.cli.flags import INT32_MAX, integer, utf8_text
+from apps.cli.common import SAMPLING_FLAGS, add_load_arguments, add_sampling_arguments, emit, load, refuse_flags, sampling
+from apps.cli.flags import INT32_MAX, integer, utf8_text
 from runtime.errors import BadInput
 
 HELP = "run a model: text from a prompt (LLM, streams) or labels for --input files (vision/audio)"
@@ -41,7 +41,7 @@ def main(args: argparse.Namespace) -> int:
                      "context, KV cache and sampling flags are for LLMs")
         if args.input is None:
             raise BadInput(f"--input is missing: {model.manifest.ref} classifies images or WAV files, give --input FILE...")
-        from runtime.cli.run_classifier import main as run_classifier  # vision/audio bundles
+        from apps.cli.run_classifier import main as run_classifier  # vision/audio bundles
 
         return run_classifier(args, model)
     refuse_flags(args, CLASSIFIER_ONLY, model, "it continues --prompt TEXT; --input and --top are for vision/audio bundles")

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from runtime.cli.common import print_json
-from runtime.cli.terminal import printable
+from apps.cli.common import print_json
+from apps.cli.terminal import printable
 from runtime.errors import BadInput
 from runtime.store import Store, check_pack_out, pack, parse_ref
 from runtime.units import fmt_bytes

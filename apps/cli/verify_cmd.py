@@ -14,7 +14,7 @@ import stat
 from pathlib import Path
 
 from runtime.bundle import EXTENSION
-from runtime.cli.common import print_json
+from apps.cli.common import print_json
 from runtime.resolve import resolve
 from runtime.store import check_transport
 

@@ -1,6 +1,6 @@
 """Flags shared by the commands that load a model, and their translation to API calls.
 
-Their types and bounds are in runtime/cli/flags.py.
+Their types and bounds are in apps/cli/flags.py.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import json
 import sys
 from typing import Any
 
-from runtime.cli.flags import INT32_MAX, integer, sampling_value, size, thread_count, utf8_text
+from apps.cli.flags import INT32_MAX, integer, sampling_value, size, thread_count, utf8_text
 from runtime.errors import BadInput
 from runtime.plan import CTX_PAD, MIN_CTX, KVType
 

@@ -14,8 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from runtime.cli.common import print_json
-from runtime.cli.flags import MAX_BATCH, MAX_RUNS, integer, thread_count
+from apps.cli.common import print_json
+from apps.cli.flags import MAX_BATCH, MAX_RUNS, integer, thread_count
 
 HELP = "measure a vision or audio bundle: latency p50/p99 at 1 and 2 threads, throughput with batching, placement"
 
