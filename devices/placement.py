@@ -8,7 +8,7 @@ does instead, so a fallback is always reported, never silent. With
 :class:`~runtime.errors.PlacementError` carrying those lines instead.
 
 After the backend loads, the runtime attaches what actually happened, as the
-backend itself reports it (:class:`Offload`: the layers llama.cpp placed per
+backend itself reports it (:class:`~runtime.backends.base.Offload`: the layers llama.cpp placed per
 device, the nodes ORT assigned per provider, the ops each LiteRT delegate took)
 with :meth:`Placement.loaded`, and prints :meth:`Placement.summary`. An
 accelerator that took none of the model (an Edge TPU given a model
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import Protocol
 
 from devices.accelerators import AcceleratorKind
 from devices.cpu import GGML_MAX_N_THREADS, max_threads
@@ -28,7 +29,7 @@ from devices.machine import Machine, detect
 from devices.target import Target
 from runtime.errors import BadInput, MissingDependency, PlacementError
 
-__all__ = ["Offload", "Placement", "Target", "resolve_placement", "ALL_LAYERS"]
+__all__ = ["OffloadReport", "Placement", "Target", "resolve_placement", "ALL_LAYERS"]
 
 # llama.cpp clamps n_gpu_layers to the model's layer count; this asks for "all" when
 # the count is not known yet.
@@ -39,37 +40,21 @@ CUDA_BUILD = "build with CMAKE_ARGS=-DGGML_CUDA=on pip install --force-reinstall
 EDGETPU_RUNTIME = "install the Edge TPU runtime: apt-get install libedgetpu1-std (from the Coral apt repository)"
 
 
-@dataclass(frozen=True)
-class Offload:
-    """What the loaded backend actually put where, in the backend's own unit, as the backend itself reports it.
+class OffloadReport(Protocol):
+    """What a loaded backend reports it put where (:class:`runtime.backends.base.Offload`), as placement reads it.
 
-    When the backend did not report it (llama.cpp's log gave the device of only some layers), ``on_accelerator``
-    is None: the offload is unmeasured, and ``asked`` (what was asked for) and ``why`` say so; it is never
-    filled in from the request."""
-
-    unit: str  # "layers" (llama.cpp), "nodes" (ORT), "ops" (LiteRT)
-    on_accelerator: int | None  # None: not reported by the backend
-    total: int
-    by_device: tuple[tuple[str, int], ...] = ()  # (device, count): llama.cpp device, ORT provider, LiteRT delegate
-    why: str | None = None  # why nothing could go to the accelerator, or why the offload is not known
-    asked: int | None = None  # how many were asked for the accelerator, reported beside an unmeasured offload
+    The backend is told its placement and reports back; devices/ never imports the backends."""
 
     @property
-    def measured(self) -> bool:
-        return self.on_accelerator is not None
-
-    def to_dict(self) -> dict[str, object]:
-        return {"unit": self.unit, "on_accelerator": self.on_accelerator, "total": self.total,
-                "by_device": dict(self.by_device), "measured": self.measured, "why": self.why, "asked": self.asked}
-
-    def describe(self) -> str:
-        if not self.measured:
-            asked = f"; asked for {self.asked} of the {self.total} {self.unit}" if self.asked is not None else ""
-            return f"offload not reported ({self.why or 'the backend did not say'}){asked}"
-        line = f"{self.on_accelerator}/{self.total} {self.unit} on the accelerator"
-        if self.by_device:
-            line += " (" + ", ".join(f"{device} {n}" for device, n in self.by_device) + ")"
-        return line
+    def unit(self) -> str: ...
+    @property
+    def on_accelerator(self) -> int | None: ...
+    @property
+    def total(self) -> int: ...
+    @property
+    def why(self) -> str | None: ...
+    def describe(self) -> str: ...
+    def to_dict(self) -> dict[str, object]: ...
 
 
 @dataclass(frozen=True)
@@ -84,7 +69,7 @@ class Placement:
     providers: tuple[str, ...]  # ORT execution providers, in order; () for other backends
     fallback: tuple[str, ...]  # one line per fallback step, empty when the request was honoured
     notes: tuple[str, ...] = ()  # other decisions worth reporting (threads reduced for load)
-    offload: Offload | None = None  # filled in after load by the runtime
+    offload: OffloadReport | None = None  # filled in after load by the runtime
     # These threads and the busy ones (the load average's, a resident llama.cpp model's) are more than the usable
     # cores: threads that spin while waiting would take time from the other work (see resolve_placement).
     shares_cores: bool = False
@@ -93,7 +78,7 @@ class Placement:
     def fell_back(self) -> bool:
         return bool(self.fallback)
 
-    def loaded(self, offload: Offload, *, require_accelerator: bool = False) -> "Placement":
+    def loaded(self, offload: OffloadReport, *, require_accelerator: bool = False) -> "Placement":
         """This placement with what the backend reports it put where.
 
         An accelerator that took none of the model runs nothing: the placement then says the model runs on

@@ -20,6 +20,39 @@ from runtime.errors import BackendError, BadInput, EdgerunError
 from runtime.sampling import SamplingParams
 
 
+@dataclass(frozen=True)
+class Offload:
+    """What the loaded backend actually put where, in the backend's own unit, as the backend itself reports it.
+
+    When the backend did not report it (llama.cpp's log gave the device of only some layers), ``on_accelerator``
+    is None: the offload is unmeasured, and ``asked`` (what was asked for) and ``why`` say so; it is never
+    filled in from the request."""
+
+    unit: str  # "layers" (llama.cpp), "nodes" (ORT), "ops" (LiteRT)
+    on_accelerator: int | None  # None: not reported by the backend
+    total: int
+    by_device: tuple[tuple[str, int], ...] = ()  # (device, count): llama.cpp device, ORT provider, LiteRT delegate
+    why: str | None = None  # why nothing could go to the accelerator, or why the offload is not known
+    asked: int | None = None  # how many were asked for the accelerator, reported beside an unmeasured offload
+
+    @property
+    def measured(self) -> bool:
+        return self.on_accelerator is not None
+
+    def to_dict(self) -> dict[str, object]:
+        return {"unit": self.unit, "on_accelerator": self.on_accelerator, "total": self.total,
+                "by_device": dict(self.by_device), "measured": self.measured, "why": self.why, "asked": self.asked}
+
+    def describe(self) -> str:
+        if not self.measured:
+            asked = f"; asked for {self.asked} of the {self.total} {self.unit}" if self.asked is not None else ""
+            return f"offload not reported ({self.why or 'the backend did not say'}){asked}"
+        line = f"{self.on_accelerator}/{self.total} {self.unit} on the accelerator"
+        if self.by_device:
+            line += " (" + ", ".join(f"{device} {n}" for device, n in self.by_device) + ")"
+        return line
+
+
 class Backend(abc.ABC):
     """Anything that owns native handles: closed once, in reverse order of creation."""
 
@@ -185,8 +218,8 @@ class ClassifierBackend(Backend):
         return n if fixed in (-1, n) else fixed
 
     @abc.abstractmethod
-    def offload(self) -> Any:
-        """:class:`devices.placement.Offload` (ops or nodes on the accelerator) after load."""
+    def offload(self) -> Offload:
+        """:class:`Offload` (ops or nodes on the accelerator) after load."""
 
 
 def one_line(exc: BaseException, limit: int = 400) -> str:

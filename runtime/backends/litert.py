@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from runtime.backends.base import ClassifierBackend, TensorInfo, one_line
+from runtime.backends.base import ClassifierBackend, Offload, TensorInfo, one_line
 from runtime.errors import BackendError, BadInput, MissingDependency
 from runtime.model_files import check_tflite
 
@@ -133,9 +133,7 @@ class LiteRTBackend(ClassifierBackend):
         self._it.invoke()
         return self._it.get_tensor(self._out).copy()
 
-    def offload(self) -> Any:
-        from devices.placement import Offload
-
+    def offload(self) -> Offload:
         ops = self._it._get_ops_details()  # public API has no op list; stable across ai-edge-litert 1.x-2.x
         library, xnnpack = _delegated(ops, self._library_nodes)
         total = sum(1 for op in ops if op["op_name"] != DELEGATE_OP)

@@ -26,7 +26,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from runtime.backends.base import LLMBackend, SpecialToken
+from runtime.backends.base import LLMBackend, Offload, SpecialToken
 from runtime.errors import BackendError, missing
 from runtime.plan import MemoryPlan
 from runtime.sampling import SamplingParams
@@ -111,11 +111,9 @@ class LlamaCppBackend(LLMBackend):
         self._piece = ctypes.create_string_buffer(256)
         self._specials: tuple[SpecialToken, ...] | None = None
 
-    def offload(self) -> Any:
-        """:class:`devices.placement.Offload`: layers (the output layer counted) on a device other than the CPU;
+    def offload(self) -> Offload:
+        """:class:`~runtime.backends.base.Offload`: layers (the output layer counted) on a device other than the CPU;
         unmeasured (``on_accelerator`` None) when llama.cpp did not log every layer's device."""
-        from devices.placement import Offload
-
         model = self._llm._model.model
         total = llama_cpp.llama_model_n_layer(model) + llama_cpp.llama_model_n_layer_nextn(model) + 1
         if len(self._layer_devices) != total:

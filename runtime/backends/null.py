@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from runtime.backends.base import ClassifierBackend, TensorInfo
+from runtime.backends.base import ClassifierBackend, Offload, TensorInfo
 from runtime.errors import BadInput
 
 MAX_MODEL_BYTES = 64 << 10  # two tensor descriptions
@@ -78,9 +78,7 @@ class NullBackend(ClassifierBackend):
                 out[i] = rng.integers(info.min, info.max, out.shape[1:], dtype=self.output.dtype, endpoint=True)
         return out
 
-    def offload(self) -> Any:
-        from devices.placement import Offload
-
+    def offload(self) -> Offload:
         return Offload("ops", 0, 0)
 
     @staticmethod

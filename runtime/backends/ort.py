@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from runtime.backends.base import ClassifierBackend, TensorInfo, one_line
+from runtime.backends.base import ClassifierBackend, Offload, TensorInfo, one_line
 from runtime.errors import BadInput, MissingDependency
 from runtime.model_files import check_onnx
 
@@ -113,9 +113,7 @@ class ORTBackend(ClassifierBackend):
         except RuntimeError:  # "SessionOptions does not have configuration with key"
             return None
 
-    def offload(self) -> Any:
-        from devices.placement import Offload
-
+    def offload(self) -> Offload:
         on = sum(n for provider, n in self._assigned.items() if provider != CPU_PROVIDER)
         return Offload("nodes", on, sum(self._assigned.values()), by_device=tuple(sorted(self._assigned.items())))
 

@@ -15,7 +15,8 @@ import pytest
 
 from devices.capabilities import Backend, BackendCaps, probe
 from devices.machine import detect
-from devices.placement import ALL_LAYERS, Offload, Target, resolve_placement
+from devices.placement import ALL_LAYERS, Target, resolve_placement
+from runtime.backends.base import Offload
 from runtime.errors import BadInput, MissingDependency, PlacementError
 from tests.devices.conftest import FIXTURES
 

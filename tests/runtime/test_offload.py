@@ -14,7 +14,8 @@ import pytest
 
 from devices.capabilities import Backend, BackendCaps
 from devices.machine import detect
-from devices.placement import ALL_LAYERS, Offload, Target, resolve_placement
+from devices.placement import ALL_LAYERS, Target, resolve_placement
+from runtime.backends.base import Offload
 from runtime.backends.litert import LiteRTBackend
 from runtime.backends.ort import ORTBackend
 from runtime.errors import BackendError, PlacementError

@@ -12,7 +12,8 @@ import pytest
 
 from devices.capabilities import Backend, BackendCaps
 from devices.machine import detect
-from devices.placement import ALL_LAYERS, Offload, resolve_placement
+from devices.placement import ALL_LAYERS, resolve_placement
+from runtime.backends.base import Offload
 from tests.devices.conftest import FIXTURES
 
 GiB = 1 << 30
