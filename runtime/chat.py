@@ -14,13 +14,13 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from runtime.chat_template import ChatTemplate
-from runtime.chat_tokens import ChatTokenizer
 from runtime.errors import BadInput
+from runtime.generation import Generation, Truncation
 from runtime.prefix_cache import common_prefix
 from runtime.sampling import SamplingParams
 
 if TYPE_CHECKING:
-    from runtime.llm import LLM, Generation
+    from runtime.llm import LLM
 
 log = logging.getLogger(__name__)
 ROLES = ("system", "user", "assistant")
@@ -37,30 +37,9 @@ def check_messages(messages: Any) -> list[dict[str, str]]:
     return messages
 
 
-def template_for(llm: LLM) -> ChatTemplate:
-    if llm._template is None:
-        spec = llm.model.manifest.llm
-        assert spec is not None
-        if not spec.chat_template:
-            raise BadInput(
-                f"{llm.model.manifest.ref} has no chat template (a base model); use 'edgerun run --prompt' to continue text"
-            )
-        meta = llm.backend
-        llm._template = ChatTemplate(spec.chat_template, meta.special_text("bos"), meta.special_text("eos"), llm.model.manifest.ref)
-    return llm._template
-
-
-def tokenizer_for(llm: LLM) -> ChatTokenizer:
-    if llm._chat_tokenizer is None:
-        llm._chat_tokenizer = ChatTokenizer(llm.backend)
-    return llm._chat_tokenizer
-
-
 def start_chat(llm: LLM, messages: list[dict[str, str]], params: SamplingParams) -> Generation:
-    from runtime.llm import Truncation
-
     messages = check_messages(list(messages))
-    template = template_for(llm)
+    template = llm.chat_template
     system = [m for m in messages if m["role"] == "system"][:1]
     rest = [m for m in messages if m not in system]
     room = max(1, min(params.max_tokens, llm.n_ctx // 4))
@@ -92,7 +71,7 @@ def start_chat(llm: LLM, messages: list[dict[str, str]], params: SamplingParams)
 def _tokens(llm: LLM, template: ChatTemplate, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> list[int]:
     text, parts, exact = template.render_parts(messages, add_generation_prompt)
     add_bos = not (template.bos and text.startswith(template.bos))
-    return tokenizer_for(llm).encode_chat(text, parts, exact, add_bos=add_bos)
+    return llm.chat_tokenizer.encode_chat(text, parts, exact, add_bos=add_bos)
 
 
 class ChatSession:

@@ -31,7 +31,7 @@ from typing import Any
 from gguf.constants import GGUFValueType
 
 from runtime.errors import BadInput
-from runtime.gguf_file import ArrayInfo, GGUFInfo
+from runtime.gguf_info import ArrayInfo, GGUFInfo
 
 INT32_MAX = 2**31 - 1
 LLAMA_MAX_LAYERS = 512  # src/llama-hparams.h; llama-model.cpp GGML_ASSERTs n_layer in 1..512

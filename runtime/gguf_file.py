@@ -22,7 +22,6 @@ from __future__ import annotations
 import mmap
 import os
 import struct
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +29,10 @@ from gguf.constants import GGML_QUANT_SIZES, GGUF_DEFAULT_ALIGNMENT, GGUF_MAGIC,
 
 from runtime.bundle import open_regular
 from runtime.errors import BadInput
+from runtime.gguf_checks import check_architecture, check_vocabulary
+from runtime.gguf_info import ArrayInfo, GGUFInfo, TensorInfo
+
+__all__ = ["ArrayInfo", "GGUFInfo", "TensorInfo", "read_gguf"]
 
 SUPPORTED_VERSIONS = (2, 3)
 MAX_TENSORS = 1 << 16  # far above any real model (a 70B has ~700 tensors)
@@ -55,74 +58,6 @@ _SCALAR = {
     GGUFValueType.INT64: "<q",
     GGUFValueType.FLOAT64: "<d",
 }
-
-
-@dataclass(frozen=True)
-class TensorInfo:
-    name: str
-    shape: tuple[int, ...]  # ggml order: ne[0] is the innermost (row) dimension
-    type: GGMLQuantizationType
-    offset: int  # bytes from the start of the data section
-    nbytes: int
-
-
-@dataclass(frozen=True)
-class ArrayInfo:
-    """A large array that was skipped, not loaded."""
-
-    type: GGUFValueType
-    length: int
-
-
-@dataclass
-class GGUFInfo:
-    path: Path
-    version: int
-    file_size: int
-    metadata: dict[str, Any]
-    tensors: list[TensorInfo] = field(default_factory=list)
-    data_offset: int = 0
-    alignment: int = GGUF_DEFAULT_ALIGNMENT
-    value_types: dict[str, GGUFValueType] = field(default_factory=dict)  # per key; ARRAY for arrays
-    element_types: dict[str, GGUFValueType] = field(default_factory=dict)  # per array key
-
-    @property
-    def architecture(self) -> str:
-        return str(self.metadata.get("general.architecture", ""))
-
-    @property
-    def tensor_bytes(self) -> int:
-        return sum(t.nbytes for t in self.tensors)
-
-    def arch_value(self, key: str, default: Any = None) -> Any:
-        """``{arch}.key`` from the metadata, e.g. ``arch_value('block_count')``."""
-        return self.metadata.get(f"{self.architecture}.{key}", default)
-
-    @property
-    def n_vocab(self) -> int:
-        tokens = self.metadata.get("tokenizer.ggml.tokens")
-        if isinstance(tokens, ArrayInfo):
-            return tokens.length
-        if isinstance(tokens, list):
-            return len(tokens)
-        return int(self.arch_value("vocab_size", 0) or 0)
-
-    @property
-    def chat_template(self) -> str | None:
-        value = self.metadata.get("tokenizer.chat_template")
-        return value if isinstance(value, str) else None
-
-    def summary(self) -> dict[str, Any]:
-        """JSON-friendly metadata: small values only, large arrays as their lengths."""
-        out: dict[str, Any] = {}
-        for key, value in self.metadata.items():
-            if isinstance(value, ArrayInfo):
-                out[key] = f"<array of {value.length} {value.type.name.lower()}>"
-            elif isinstance(value, str) and len(value) > 200:
-                out[key] = value[:200] + f"... <{len(value)} chars>"
-            else:
-                out[key] = value
-        return out
 
 
 class _Cursor:
@@ -339,8 +274,6 @@ def _parse(cur: _Cursor, path: Path, size: int) -> GGUFInfo:
     info = GGUFInfo(path, version, size, metadata, tensors, data_offset, alignment, value_types, element_types)
     if not info.architecture:
         raise cur.fail("general.architecture is missing")
-    from runtime.gguf_checks import check_architecture, check_vocabulary  # (that module reads GGUFInfo from this one)
-
     check_vocabulary(info)
     check_architecture(info)
     return info

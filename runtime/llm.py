@@ -12,177 +12,27 @@ the placement (target and threads) and only then opens the backend.
 
 from __future__ import annotations
 
-import codecs
 import logging
-import secrets
-import time
-from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from collections.abc import Sequence
 from typing import Any
 
 from runtime.backends.base import LLMBackend
+from runtime.chat import start_chat
+from runtime.chat_template import ChatTemplate
+from runtime.chat_tokens import ChatTokenizer
 from runtime.errors import BadInput
+from runtime.generation import Generation, Result, Truncation
 from runtime.kv import KVSequence
-from runtime.metrics import peak_rss_bytes
+from runtime.loader import open_llm
 from runtime.plan import KVType, MemoryPlan, default_budget
 from runtime.prefix_cache import PrefixCache
 from runtime.resolve import ResolvedModel, resolve
-from runtime.sampling import SEED_MAX, SamplingParams
+from runtime.sampling import SamplingParams
 from runtime.units import parse_size
 
+__all__ = ["LLM", "Generation", "Result", "Truncation"]
+
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Truncation:
-    """Tokens that left the context, reported to the caller, never silent."""
-
-    kind: str  # "prompt" (did not fit), "turns" (oldest chat turns dropped), "shift" (during generation)
-    tokens_dropped: int
-    at_token: int  # generated tokens so far when it happened
-    messages_dropped: int = 0
-
-
-@dataclass
-class Result:
-    text: str
-    tokens_in: int
-    tokens_out: int
-    stop_reason: str  # "eos", "stop" or "length"
-    seed: int  # the sampler's seed: the one asked for, or the fresh one drawn for this request
-    ttft_ms: float
-    prefill_tps: float  # prompt tokens actually computed per second
-    decode_tps: float
-    n_ctx: int
-    kv_type: str
-    prefix_cache_hit: bool
-    reused_tokens: int
-    reuse_source: str
-    peak_rss_bytes: int
-    truncations: list[Truncation] = field(default_factory=list)
-    prefix_cache: dict[str, int] = field(default_factory=dict)
-
-    @property
-    def truncated(self) -> bool:
-        return bool(self.truncations)
-
-    def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["truncated"] = self.truncated
-        return data
-
-
-class Generation:
-    """A generation in progress: iterate for text pieces, then read :attr:`result`."""
-
-    def __init__(self, llm: LLM, prompt: list[int], params: SamplingParams, n_keep: int, truncations: list[Truncation]):
-        self.llm = llm
-        self.params = params
-        self.prompt = prompt
-        self.n_keep = n_keep
-        self.truncations = list(truncations)
-        self.result: Result | None = None
-        self._iter = self._run()
-
-    def __iter__(self) -> Iterator[str]:
-        return self._iter
-
-    def finish(self) -> Result:
-        for _ in self._iter:
-            pass
-        assert self.result is not None
-        return self.result
-
-    def _fit_prompt(self) -> list[int]:
-        n_ctx = self.llm.n_ctx
-        room = max(1, min(self.params.max_tokens, n_ctx // 4))
-        prompt = self.prompt
-        if len(prompt) + room <= n_ctx:
-            return prompt
-        keep = min(self.n_keep, n_ctx // 2)
-        tail = n_ctx - room - keep
-        dropped = len(prompt) - keep - tail
-        self.truncations.append(Truncation("prompt", dropped, 0))
-        log.warning("prompt of %d tokens does not fit %d-token context: dropped %d after the first %d", len(prompt), n_ctx, dropped, keep)
-        self.n_keep = keep
-        return prompt[:keep] + prompt[len(prompt) - tail :]
-
-    def _run(self) -> Iterator[str]:
-        llm, params, backend, kv = self.llm, self.params, self.llm.backend, self.llm.kv
-        if params.seed is None:  # unseeded: a fresh seed per request, reported so the run can be repeated
-            params = params.with_(seed=secrets.randbelow(SEED_MAX + 1))
-        prompt = self._fit_prompt()
-        t0 = time.perf_counter()
-        reuse = kv.prepare(prompt)
-        computed = len(prompt) - reuse.tokens
-        kv.append(prompt[reuse.tokens :])
-        if computed > 1:
-            kv.save_prefix()
-        sampler = backend.new_sampler(params)
-        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        stops = params.stop
-        hold = max((len(s) for s in stops), default=1) - 1
-        text, emitted, out, reason = "", 0, 0, "length"
-        t_first = t_prefill = 0.0  # perf_counter() when the first token was sampled
-        while out < params.max_tokens:
-            token = backend.sample(sampler)
-            if not t_first:
-                t_first = t_prefill = time.perf_counter()
-            if backend.is_eog(token):
-                reason = "eos"
-                break
-            out += 1
-            text += decoder.decode(backend.token_bytes(token))
-            cut = _find_stop(text, stops, emitted)
-            if cut is not None:
-                text, reason = text[:cut], "stop"
-                break
-            safe = len(text) - hold if stops else len(text)
-            if safe > emitted:
-                yield text[emitted:safe]
-                emitted = safe
-            if out >= params.max_tokens:
-                break
-            if len(kv.tokens) >= kv.n_ctx:
-                dropped = kv.shift(self.n_keep, (len(kv.tokens) - self.n_keep) // 2)
-                self.truncations.append(Truncation("shift", dropped, out))
-                log.info("context shift: dropped %d tokens after the first %d", dropped, self.n_keep)
-            kv.append([token])
-        text += decoder.decode(b"", final=True)
-        if reason != "stop":
-            cut = _find_stop(text, stops, emitted)
-            if cut is not None:
-                text, reason = text[:cut], "stop"
-        if len(text) > emitted:
-            yield text[emitted:]
-        t_end = time.perf_counter()
-        t_first = t_first or t_end
-        t_prefill = t_prefill or t_end
-        prefill_s = max(t_prefill - t0, 1e-9)
-        decode_s = t_end - t_first
-        self.result = Result(
-            text=text,
-            tokens_in=len(self.prompt),
-            tokens_out=out,
-            stop_reason=reason,
-            seed=params.seed,
-            ttft_ms=(t_first - t0) * 1000,
-            prefill_tps=computed / prefill_s,
-            decode_tps=(out - 1) / decode_s if out > 1 and decode_s > 0 else 0.0,
-            n_ctx=llm.n_ctx,
-            kv_type=llm.plan.kv_type.value,
-            prefix_cache_hit=reuse.tokens > 0,
-            reused_tokens=reuse.tokens,
-            reuse_source=reuse.source,
-            peak_rss_bytes=peak_rss_bytes(),
-            truncations=self.truncations,
-            prefix_cache=llm.prefix_cache.stats(),
-        )
-
-
-def _find_stop(text: str, stops: Sequence[str], start: int) -> int | None:
-    found = [i for s in stops if (i := text.find(s, max(0, start - len(s)))) >= 0]
-    return min(found) if found else None
 
 
 class LLM:
@@ -194,8 +44,8 @@ class LLM:
         self.plan = plan
         self.backend = backend
         self.placement = placement
-        self._template = None
-        self._chat_tokenizer = None
+        self._chat_template: ChatTemplate | None = None
+        self._chat_tokenizer: ChatTokenizer | None = None
         try:
             self.prefix_cache = PrefixCache(plan.prefix_cache_bytes)
             self.kv = KVSequence(backend, self.prefix_cache)
@@ -211,6 +61,32 @@ class LLM:
     def n_ctx(self) -> int:
         return self.backend.n_ctx
 
+    @property
+    def chat_template(self) -> ChatTemplate:
+        """The model's chat template: the bundle's own, built on first use (BadInput for a base model)."""
+        if self._chat_template is None:
+            spec = self.model.manifest.llm
+            assert spec is not None
+            if not spec.chat_template:
+                raise BadInput(
+                    f"{self.model.manifest.ref} has no chat template (a base model); use 'edgerun run --prompt' to continue text"
+                )
+            bos, eos = self.backend.special_text("bos"), self.backend.special_text("eos")
+            self._chat_template = ChatTemplate(spec.chat_template, bos, eos, self.model.manifest.ref)
+        return self._chat_template
+
+    @chat_template.setter
+    def chat_template(self, template: ChatTemplate | None) -> None:
+        """Chat with ``template`` instead of the bundle's own (None: back to the bundle's)."""
+        self._chat_template = template
+
+    @property
+    def chat_tokenizer(self) -> ChatTokenizer:
+        """Tokenizes rendered chats: only the template's own markers become control tokens."""
+        if self._chat_tokenizer is None:
+            self._chat_tokenizer = ChatTokenizer(self.backend)
+        return self._chat_tokenizer
+
     @classmethod
     def load(
         cls,
@@ -224,8 +100,6 @@ class LLM:
         require_accelerator: bool = False,
         prefix_cache_bytes: int | None = None,
     ) -> LLM:
-        from runtime.loader import open_llm
-
         resolved = resolve(model) if isinstance(model, str) else model
         budget = parse_size(memory) if isinstance(memory, str) else (memory or default_budget())
         kv = KVType(kv_type) if isinstance(kv_type, str) else kv_type
@@ -271,6 +145,4 @@ class LLM:
         return self.start(prompt, params)
 
     def chat(self, messages: list[dict[str, str]], params: SamplingParams | None = None) -> Generation:
-        from runtime.chat import start_chat
-
         return start_chat(self, messages, params or self.defaults)
