@@ -20,25 +20,17 @@ from typing import Any
 import numpy as np
 
 from converters.vision.recipes import Quant
-from runtime.errors import BadInput, MissingDependency
+from runtime.errors import BadInput
+from runtime.optional import require
 
 log = logging.getLogger(__name__)
 OPSET = 17
 INPUT, OUTPUT = "input", "scores"
 
 
-def _need(module: str, pip_line: str):
-    import importlib
-
-    try:
-        return importlib.import_module(module)
-    except ModuleNotFoundError as exc:
-        raise MissingDependency(f"the ONNX route needs {exc.name!r}; install it with: {pip_line}") from None
-
-
 def export_float(module: Any, example: np.ndarray, out: Path) -> None:
-    torch = _need("torch", "pip install torch==2.13.0")
-    _need("onnx", "pip install onnx==1.23.2")
+    torch = require("torch", "pip install torch==2.13.0", purpose="the ONNX route")
+    require("onnx", "pip install onnx==1.23.2", purpose="the ONNX route")
     with contextlib.redirect_stdout(sys.stderr), torch.no_grad():
         try:
             torch.onnx.export(module, (torch.from_numpy(example[:1]),), str(out), input_names=[INPUT], output_names=[OUTPUT],
@@ -53,7 +45,7 @@ def copy_float(src: Path, out: Path) -> None:
 
 
 def op_census(path: Path) -> dict[str, int]:
-    onnx = _need("onnx", "pip install onnx==1.23.2")
+    onnx = require("onnx", "pip install onnx==1.23.2", purpose="the ONNX route")
     counts: dict[str, int] = {}
     for node in onnx.load(str(path), load_external_data=False).graph.node:
         counts[node.op_type] = counts.get(node.op_type, 0) + 1
@@ -61,7 +53,7 @@ def op_census(path: Path) -> dict[str, int]:
 
 
 def input_name(path: Path) -> str:
-    onnx = _need("onnx", "pip install onnx==1.23.2")
+    onnx = require("onnx", "pip install onnx==1.23.2", purpose="the ONNX route")
     graph = onnx.load(str(path), load_external_data=False).graph
     inits = {i.name for i in graph.initializer}
     names = [i.name for i in graph.input if i.name not in inits]
@@ -71,7 +63,7 @@ def input_name(path: Path) -> str:
 
 
 def quantize(float_path: Path, quant: Quant, calib: np.ndarray | None, out: Path, work: Path) -> None:
-    quantization = _need("onnxruntime.quantization", "pip install onnxruntime==1.32.0 sympy onnx-ir")
+    quantization = require("onnxruntime.quantization", "pip install onnxruntime==1.32.0 sympy onnx-ir", purpose="the ONNX route")
     if quant is Quant.INT8:
         assert calib is not None
         from onnxruntime.quantization.shape_inference import quant_pre_process
@@ -94,10 +86,10 @@ def quantize(float_path: Path, quant: Quant, calib: np.ndarray | None, out: Path
                                      activation_type=quantization.QuantType.QUInt8, weight_type=quantization.QuantType.QInt8,
                                      per_channel=True, calibrate_method=quantization.CalibrationMethod.MinMax)
     elif quant is Quant.INT4W:
-        _need("onnx_ir", "pip install onnx-ir")
+        require("onnx_ir", "pip install onnx-ir", purpose="the ONNX route")
         from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
 
-        onnx = _need("onnx", "pip install onnx==1.23.2")
+        onnx = require("onnx", "pip install onnx==1.23.2", purpose="the ONNX route")
         model = onnx.load(str(float_path))
         _gemm_to_matmul(model.graph)  # MatMulNBits takes MatMul only; torch exports Linear as Gemm
         if not any(n.op_type == "MatMul" for n in model.graph.node):
@@ -109,7 +101,7 @@ def quantize(float_path: Path, quant: Quant, calib: np.ndarray | None, out: Path
                            "use --quant int8")
         q.model.save_model_to_file(str(out), use_external_data_format=False)
     elif quant is Quant.FP16:
-        onnx = _need("onnx", "pip install onnx==1.23.2")
+        onnx = require("onnx", "pip install onnx==1.23.2", purpose="the ONNX route")
         from onnxruntime.transformers.float16 import convert_float_to_float16
 
         model = convert_float_to_float16(onnx.load(str(float_path)), keep_io_types=True)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from runtime.errors import MissingDependency
+from runtime.optional import require
 
 
 @dataclass(frozen=True)
@@ -22,15 +22,6 @@ class Photo:
     expected: tuple[int, ...]  # accepted ImageNet indices; () when none applies
 
 
-def _need(module: str, pip_line: str):
-    import importlib
-
-    try:
-        return importlib.import_module(module)
-    except ModuleNotFoundError:
-        raise MissingDependency(f"{module!r} is not installed (it ships the sample photos); install it with: {pip_line}") from None
-
-
 def _read(path: Path) -> np.ndarray:
     from runtime.preprocess import load_rgb
 
@@ -38,9 +29,9 @@ def _read(path: Path) -> np.ndarray:
 
 
 def photos() -> list[Photo]:
-    data = _need("skimage.data", "pip install scikit-image")
-    sklearn_images = Path(_need("sklearn.datasets", "pip install scikit-learn").__file__).parent / "images"
-    mpl = _need("matplotlib", "pip install matplotlib")
+    data = require("skimage.data", "pip install scikit-image", purpose="the sample photos")
+    sklearn_images = Path(require("sklearn.datasets", "pip install scikit-learn", purpose="the sample photos").__file__).parent / "images"
+    mpl = require("matplotlib", "pip install matplotlib", purpose="the sample photos")
     return [
         Photo("chelsea", data.chelsea(), (281, 282, 285, 287)),  # tabby, tiger cat, Egyptian cat, lynx
         Photo("coffee", data.coffee(), (967, 968, 504)),  # espresso, cup, coffee mug

@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from runtime.errors import BadInput, MissingDependency
+from runtime.errors import BadInput
+from runtime.optional import require
 
 log = logging.getLogger(__name__)
 KERAS_SUFFIXES = (".h5", ".keras")
@@ -49,11 +50,7 @@ class Source:
 
 
 def _torch():
-    try:
-        import torch
-    except ModuleNotFoundError:
-        raise MissingDependency("converting a PyTorch model needs torch; install it with: pip install torch==2.13.0") from None
-    return torch
+    return require("torch", "pip install torch==2.13.0", purpose="converting a PyTorch model")
 
 
 def _stem(path: Path) -> str:

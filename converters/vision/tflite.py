@@ -21,18 +21,10 @@ from typing import Any
 import numpy as np
 
 from converters.vision.recipes import Quant
-from runtime.errors import BadInput, MissingDependency
+from runtime.errors import BadInput
+from runtime.optional import require
 
 log = logging.getLogger(__name__)
-
-
-def _need(module: str, pip_line: str):
-    import importlib
-
-    try:
-        return importlib.import_module(module)
-    except ModuleNotFoundError:
-        raise MissingDependency(f"the TFLite route needs {module!r}; install it with: {pip_line}") from None
 
 
 def nhwc_input(module: Any) -> Any:
@@ -54,8 +46,8 @@ def nhwc_input(module: Any) -> Any:
 
 def export_float(module: Any, example: np.ndarray, out: Path, nhwc: bool) -> None:
     """Write the float model; ``nhwc`` puts a layout transpose in front so the file takes NHWC images."""
-    torch = _need("torch", "pip install torch==2.13.0")
-    litert_torch = _need("litert_torch", "pip install litert-torch==0.10.0")
+    torch = require("torch", "pip install torch==2.13.0", purpose="the TFLite route")
+    litert_torch = require("litert_torch", "pip install litert-torch==0.10.0", purpose="the TFLite route")
     model = nhwc_input(module) if nhwc else module
     x = torch.from_numpy(example[:1])
     # litert-torch reports progress on stdout; stdout carries edgerun's data (--json), so send it to stderr.
@@ -71,7 +63,7 @@ def _tensorflow():
     import os
 
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's C++ start-up chatter
-    return _need("tensorflow", "pip install tensorflow-cpu==2.21.0")
+    return require("tensorflow", "pip install tensorflow-cpu==2.21.0", purpose="the TFLite route")
 
 
 def _saved_model(path: Path, work: Path) -> Path:
@@ -128,7 +120,7 @@ def _unsupported(exc: Exception) -> str:
 
 
 def quantize(float_path: Path, quant: Quant, calib: np.ndarray | None, out: Path) -> None:
-    aeq = _need("ai_edge_quantizer", "pip install ai-edge-quantizer==0.10.0")
+    aeq = require("ai_edge_quantizer", "pip install ai-edge-quantizer==0.10.0", purpose="the TFLite route")
     from ai_edge_quantizer import calibrator, quantizer, recipe
     from ai_edge_quantizer.utils import qsv_utils
 

