@@ -29,11 +29,3 @@ def test_a_dependency_of_the_package_that_is_missing_is_named(tmp_path, monkeypa
     with pytest.raises(MissingDependency, match="it imports 'edgerun_inner_missing_pkg', which is missing"):
         require("edgerun_wrapper_pkg", "pip install wrapper")
 
-
-def test_no_converter_keeps_its_own_copy() -> None:
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parents[2]
-    copies = [p for d in ("runtime", "converters", "apps", "devices") for p in (root / d).rglob("*.py")
-              if "def _need(" in p.read_text()]
-    assert copies == []
