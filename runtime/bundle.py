@@ -106,6 +106,12 @@ def check_name(name: str) -> str:
     return name
 
 
+def name_from(text: str) -> str:
+    """A valid model name made from ``text`` (a file stem, a checkpoint folder's name): lowercased,
+    each run of other characters one '-', leading/trailing '-._' stripped, at most 64; 'model' if nothing is left."""
+    return re.sub(r"[^a-z0-9._-]+", "-", text.lower()).strip("-._")[:64] or "model"
+
+
 def check_version(version: str) -> str:
     if not isinstance(version, str) or not VERSION_RE.fullmatch(version):
         raise BadInput(f"model version {version!r} is not valid: use 1-64 of A-Z a-z 0-9 . _ + - starting with a letter or digit"[:300])

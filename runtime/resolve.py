@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import stat
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
@@ -32,7 +31,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from runtime import recipes
-from runtime.bundle import FileEntry, Manifest, file_kind, open_regular, read_manifest_dir, sha256_file
+from runtime.bundle import FileEntry, Manifest, file_kind, name_from, open_regular, read_manifest_dir, sha256_file
 from runtime.checked_open import Closable, Identity, identity, load_verified, opened
 from runtime.errors import BadInput
 from runtime.gguf_file import read_gguf
@@ -104,10 +103,8 @@ def wrap_gguf(path: Path, stamps: Stamps | None = None, full: bool = False) -> R
             sha, size = sha256_file(checked)
     if stamps is not None and not stamped:
         stamps.put(real, {"identity": ident, "sha256": sha})
-    stem = re.sub(r"[^a-z0-9._-]+", "-", path.stem.lower()).strip("-._") or "model"
-    manifest = recipes.llm_manifest(
-        info, stem[:64], f"file-{sha[:12]}", FileEntry(path.name, sha, size), str(info.metadata.get("general.license", "unknown"))
-    )
+    license_ = str(info.metadata.get("general.license", "unknown"))
+    manifest = recipes.llm_manifest(info, name_from(path.stem), f"file-{sha[:12]}", FileEntry(path.name, sha, size), license_)
     return ResolvedModel(manifest, real.parent, "gguf", {path.name: real}, {path.name: ident})
 
 

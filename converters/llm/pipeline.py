@@ -13,7 +13,6 @@ import dataclasses
 import json
 import logging
 import os
-import re
 import shutil
 import tempfile
 import time
@@ -26,7 +25,7 @@ from converters.llm.loadcheck import check_loads
 from converters.llm.options import ConvertOptions, Quant
 from converters.llm.quality import DEFAULT_TEXT, QualityReport, evaluate, plot_kl, require_plotting
 from converters.llm.quantize import quantize
-from runtime.bundle import EXTENSION, FileEntry, Manifest, check_name, check_version, sha256_file
+from runtime.bundle import EXTENSION, FileEntry, Manifest, check_name, check_version, name_from, sha256_file
 from runtime.errors import BadInput, QualityGateFailed
 from runtime.gguf_file import read_gguf
 from runtime.recipes import WEIGHTS_FILE, llm_manifest
@@ -45,8 +44,7 @@ class Conversion:
 
 
 def default_name(checkpoint: Path) -> str:
-    name = re.sub(r"[^a-z0-9._-]+", "-", checkpoint.resolve().name.lower()).strip("-._")[:64]
-    return name or "model"
+    return name_from(checkpoint.resolve().name)
 
 
 def _check_output(out: Path) -> None:

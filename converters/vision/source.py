@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import enum
 import logging
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from runtime.bundle import name_from
 from runtime.errors import BadInput
 from runtime.optional import require
 
@@ -53,10 +53,6 @@ def _torch():
     return require("torch", "pip install torch==2.13.0", purpose="converting a PyTorch model")
 
 
-def _stem(path: Path) -> str:
-    return re.sub(r"[^a-z0-9._-]+", "-", path.stem.lower()).strip("-._")[:64] or "model"
-
-
 def warn_code(path: Path, what: str) -> None:
     """The one stderr line (WARNING) before a source that can run code when loaded is loaded."""
     log.warning("%s is a %s: loading it can run code it carries; convert only files from a source you trust", path, what)
@@ -80,9 +76,9 @@ def load_source(ref: str) -> Source:
         from converters.vision.tflite import keras_input_size
 
         warn_code(path, "Keras SavedModel directory" if path.is_dir() else "Keras model")
-        return Source(SourceKind.KERAS, _stem(path), keras_path=path, size=keras_input_size(path))
+        return Source(SourceKind.KERAS, name_from(path.stem), keras_path=path, size=keras_input_size(path))
     if path.suffix == ".onnx":
-        return Source(SourceKind.ONNX, _stem(path), onnx_path=path)
+        return Source(SourceKind.ONNX, name_from(path.stem), onnx_path=path)
     torch = _torch()
     if path.suffix == ".pt2":
         warn_code(path, "PyTorch ExportedProgram (.pt2)")
@@ -90,7 +86,7 @@ def load_source(ref: str) -> Source:
             program = torch.export.load(str(path))
         except Exception as exc:
             raise BadInput(f"{ref}: not a loadable ExportedProgram ({type(exc).__name__}: {str(exc)[:300]})") from None
-        return Source(SourceKind.TORCH, _stem(path), module=program.module())
+        return Source(SourceKind.TORCH, name_from(path.stem), module=program.module())
     if path.suffix in TORCHSCRIPT_SUFFIXES:
         warn_code(path, "TorchScript file")
         try:
@@ -98,5 +94,5 @@ def load_source(ref: str) -> Source:
         except Exception as exc:
             raise BadInput(f"{ref}: not a TorchScript file ({type(exc).__name__}: {str(exc)[:300]}); "
                            "a state dict needs its model code: save torch.export.export(model, (x,)) as .pt2") from None
-        return Source(SourceKind.TORCHSCRIPT, _stem(path), module=module.eval())
+        return Source(SourceKind.TORCHSCRIPT, name_from(path.stem), module=module.eval())
     raise BadInput(f"{ref}: unknown model file type {path.suffix!r} (valid: .pt2, {', '.join(TORCHSCRIPT_SUFFIXES)}, .onnx, or zoo:NAME)")
