@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from runtime.bundle import (
+    EXTENSION,
     MANIFEST,
     MAX_MANIFEST_BYTES,
     Manifest,
@@ -485,6 +486,27 @@ def check_pack_out(out: Path) -> None:
         raise BadInput(f"{out} already exists; choose another output path or remove it")
     if not _is_dir(out.parent):
         raise BadInput(f"{out}: the folder {out.parent} does not exist; create it first or choose another --out")
+
+
+def publish(staging: Path, out: Path) -> Path:
+    """Make the finished bundle directory ``staging`` visible at ``out``, durably, for every converter.
+
+    ``out`` ending in the bundle extension: the ``.edgerun`` file is written by :func:`pack` (temp file,
+    fsync, rename). Otherwise ``staging`` (which must sit beside ``out``, on the same file system) has
+    its files and itself fsynced and is renamed to ``out``. Either way the folder holding ``out`` is
+    fsynced after, so a power cut leaves the old state or the whole bundle, never a part.
+    """
+    if out.suffix == EXTENSION:
+        pack(staging, out)
+    else:
+        for path in staging.iterdir():
+            if path.is_file() and not path.is_symlink():
+                with open(path, "rb") as fh:
+                    os.fsync(fh.fileno())
+        _fsync_dir(staging)
+        os.rename(staging, out)
+    _fsync_dir(out.parent)
+    return out
 
 
 def pack(directory: Path, out: Path) -> Path:

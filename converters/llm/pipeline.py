@@ -12,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import os
 import shutil
 import tempfile
 import time
@@ -25,10 +24,11 @@ from converters.llm.loadcheck import check_loads
 from converters.llm.options import ConvertOptions, Quant
 from converters.llm.quality import DEFAULT_TEXT, QualityReport, evaluate, plot_kl, require_plotting
 from converters.llm.quantize import quantize
-from runtime.bundle import EXTENSION, FileEntry, Manifest, check_name, check_version, name_from, sha256_file
+from runtime.bundle import FileEntry, Manifest, check_name, check_version, name_from, sha256_file
 from runtime.errors import BadInput, QualityGateFailed
 from runtime.gguf_file import read_gguf
 from runtime.recipes import WEIGHTS_FILE, llm_manifest
+from runtime.store import publish
 
 log = logging.getLogger(__name__)
 REPORT_FILE = "quality.json"
@@ -127,12 +127,4 @@ def _manifest(staging: Path, name: str, version: str, opts: ConvertOptions, repo
 
 def _publish(staging: Path, out: Path) -> None:
     _check_output(out)  # again: something may have appeared while we worked
-    if out.name.endswith(EXTENSION):
-        from runtime.store import pack
-
-        pack(staging, out)
-    else:
-        for p in staging.iterdir():
-            with open(p, "rb") as fh:
-                os.fsync(fh.fileno())
-        os.rename(staging, out)
+    publish(staging, out)

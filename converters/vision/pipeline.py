@@ -27,7 +27,6 @@ from converters.vision import gate
 from converters.vision.recipes import Choice, Format, Quant, Rounding, choose
 from converters.vision.source import Source, SourceKind, load_source
 from runtime.bundle import (
-    EXTENSION,
     BackendName,
     ColorOrder,
     FileEntry,
@@ -42,6 +41,7 @@ from runtime.bundle import (
 )
 from runtime.errors import BadInput, QualityGateFailed
 from runtime.preprocess import log_softmax
+from runtime.store import publish
 
 log = logging.getLogger(__name__)
 BACKEND = {Format.TFLITE: BackendName.LITERT, Format.ONNX: BackendName.ORT}
@@ -349,14 +349,9 @@ def _gptq(source: Source, module: Any, cal_x: np.ndarray) -> tuple[dict[str, Any
 
 
 def package(bundle: Path, manifest: Manifest, out: Path) -> None:
-    """Write the manifest into the finished ``bundle`` directory and make it visible at ``out`` (rename, or pack)."""
+    """Write the manifest into the finished ``bundle`` directory and publish it at ``out`` (runtime.store.publish)."""
     (bundle / "manifest.json").write_bytes(manifest.to_json())
-    if out.suffix == EXTENSION:
-        from runtime.store import pack
-
-        pack(bundle, out)
-    else:
-        bundle.rename(out)
+    publish(bundle, out)
 
 
 def noisy_inputs(x: np.ndarray, spec: VisionSpec, seed: int = 0) -> np.ndarray:
