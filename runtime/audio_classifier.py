@@ -22,10 +22,10 @@ import numpy as np
 from runtime import preprocess
 from runtime.audio import Audio, FrontEnd, WavInfo, load_audio, open_frontend, reading_bytes
 from runtime.backends.base import ClassifierBackend
-from runtime.bundle import AudioSpec, ModelKind
-from runtime.classifier import _check_quant, open_backend, read_labels, time_calls
+from runtime.bundle import AudioSpec, Manifest, ModelKind
+from runtime.classifier import _check_quant, load_classifier, time_calls
 from runtime.errors import BadInput
-from runtime.resolve import ResolvedModel, resolve
+from runtime.resolve import ResolvedModel
 from runtime.vision_plan import ClassifierPlan, plan_classifier
 
 log = logging.getLogger(__name__)
@@ -81,38 +81,29 @@ class AudioClassifier:
         ``input_bytes``: any other input memory to count. ``resident_bytes``, ``busy_threads``: the memory and the
         CPU threads of models already resident in this process (a llama.cpp model's); ORT's threads, the front end's
         included, do not spin beside busy ones."""
-        from devices.placement import resolve_placement
         from runtime.plan import default_budget
 
-        model = resolve(ref)
-        manifest = model.manifest
-        if manifest.kind is not ModelKind.AUDIO or manifest.audio is None:
-            raise BadInput(f"{manifest.ref} is a {manifest.kind.value} bundle, not an audio one")
-        spec = manifest.audio
-        sizes = {f.path: f.size for f in manifest.files}  # verified: each file is this size
-        weights = manifest.file("weights").size + sum(sizes[name] for name in spec.frontend_files)
-        # the model's batch is a segment's windows, whatever the number of files
-        plan = plan_classifier(manifest, weights, memory or default_budget(), batch=SEGMENT_WINDOWS, resident_bytes=resident_bytes,
-                               input_bytes=input_bytes + reading_bytes(inputs, spec.sample_rate) + segment_bytes(spec))
-        placement = resolve_placement(manifest.backend.value, target, require_accelerator=require_accelerator, threads=threads,
-                                      int8=spec.quantization == "int8", busy_threads=busy_threads)
-        labels = read_labels(model, spec.labels)
-        frontend = model.load(lambda files: open_frontend(FrontEnd(spec.frontend), files, spec.input_shape,  # the verified files
+        def plan(manifest: Manifest) -> ClassifierPlan:
+            spec = manifest.audio
+            assert spec is not None
+            sizes = {f.path: f.size for f in manifest.files}  # verified: each file is this size
+            weights = manifest.file("weights").size + sum(sizes[name] for name in spec.frontend_files)
+            # the model's batch is a segment's windows, whatever the number of files
+            return plan_classifier(manifest, weights, memory or default_budget(), batch=SEGMENT_WINDOWS,
+                                   resident_bytes=resident_bytes,
+                                   input_bytes=input_bytes + reading_bytes(inputs, spec.sample_rate) + segment_bytes(spec))
+
+        def open_extra(model: ResolvedModel, placement: Any) -> Any:  # the front end, on the verified files
+            spec = model.manifest.audio
+            assert spec is not None
+            return model.load(lambda files: open_frontend(FrontEnd(spec.frontend), files, spec.input_shape,
                                                           threads=placement.threads, spin=not placement.shares_cores),
                               *spec.frontend_files)
-        try:
-            backend = open_backend(model, placement)
-        except BaseException:
-            frontend.close()
-            raise
-        try:
-            placement = placement.loaded(backend.offload(), require_accelerator=require_accelerator)
-            log.info("%s", placement.summary())
-            return cls(model, backend, frontend, placement, plan, labels)
-        except BaseException:
-            backend.close()
-            frontend.close()
-            raise
+
+        return load_classifier(
+            ref, ModelKind.AUDIO, ", not an audio one", plan=plan, open_extra=open_extra,
+            build=lambda model, backend, placement, plan, labels, frontend: cls(model, backend, frontend, placement, plan, labels),
+            threads=threads, target=target, require_accelerator=require_accelerator, busy_threads=busy_threads)
 
     @property
     def is_detector(self) -> bool:

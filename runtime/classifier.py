@@ -9,18 +9,20 @@ imported only then.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
 from runtime import preprocess
 from runtime.backends.base import ClassifierBackend
-from runtime.bundle import BackendName, ModelKind, TensorQuant
+from runtime.bundle import BackendName, Manifest, ModelKind, TensorQuant
 from runtime.errors import BadInput
 from runtime.resolve import ResolvedModel, resolve
 from runtime.vision_plan import ClassifierPlan, plan_classifier
@@ -62,6 +64,53 @@ def open_backend(model: ResolvedModel, placement: Any) -> ClassifierBackend:
         return factory(paths[0], threads=placement.threads)
 
     return model.load(load, model.manifest.file("weights").path)
+
+
+T = TypeVar("T")
+
+
+def load_classifier(
+    ref: str,
+    kind: ModelKind,
+    wrong_kind: str,
+    *,
+    plan: Callable[[Manifest], ClassifierPlan],
+    build: Callable[[ResolvedModel, ClassifierBackend, Any, ClassifierPlan, list[str], Any], T],
+    open_extra: Callable[[ResolvedModel, Any], Any] | None = None,
+    threads: int | None,
+    target: str,
+    require_accelerator: bool,
+    busy_threads: int,
+) -> T:
+    """The load path of every classifier kind (vision, audio), in this order: resolve and check the bundle,
+    refuse it by kind (``wrong_kind`` ends the line), ``plan`` its memory (refused before anything is opened),
+    resolve the placement, read the labels, open ``open_extra`` (the audio front end: model and placement in,
+    something with ``close()`` out), open the backend on the verified weights and measure the placement;
+    ``build(model, backend, placement, plan, labels, extra)`` makes the object. Whatever was opened is closed
+    when a later step fails."""
+    from devices.placement import resolve_placement
+
+    model = resolve(ref)
+    manifest = model.manifest
+    spec = getattr(manifest, kind.value)
+    if manifest.kind is not kind or spec is None:
+        raise BadInput(f"{manifest.ref} is a {manifest.kind.value} bundle{wrong_kind}")
+    memory_plan = plan(manifest)
+    placement = resolve_placement(manifest.backend.value, target, require_accelerator=require_accelerator, threads=threads,
+                                  int8=spec.quantization == "int8", busy_threads=busy_threads)
+    labels = read_labels(model, spec.labels)
+    with contextlib.ExitStack() as undo:
+        extra = None
+        if open_extra is not None:
+            extra = open_extra(model, placement)
+            undo.callback(extra.close)
+        backend = open_backend(model, placement)
+        undo.callback(backend.close)
+        placement = placement.loaded(backend.offload(), require_accelerator=require_accelerator)
+        log.info("%s", placement.summary())
+        loaded = build(model, backend, placement, memory_plan, labels, extra)
+        undo.pop_all()
+    return loaded
 
 
 def read_labels(model: ResolvedModel, name: str | None) -> list[str]:
@@ -109,27 +158,14 @@ class Classifier:
     ) -> Classifier:
         """``resident_bytes``, ``busy_threads``: the memory and the CPU threads of models already resident in this
         process (a llama.cpp model's), planned beside this one; ORT's threads do not spin beside busy ones."""
-        from devices.placement import resolve_placement
         from runtime.plan import default_budget
 
-        model = resolve(ref)
-        manifest = model.manifest
-        if manifest.kind is not ModelKind.VISION:
-            raise BadInput(f"{manifest.ref} is a {manifest.kind.value} bundle; Classifier takes vision bundles "
-                           "(audio: runtime.audio_classifier.AudioClassifier)")
-        budget = memory or default_budget()
-        plan = plan_classifier(manifest, manifest.file("weights").size, budget, batch=batch, resident_bytes=resident_bytes)
-        placement = resolve_placement(manifest.backend.value, target, require_accelerator=require_accelerator, threads=threads,
-                                      int8=manifest.vision.quantization == "int8", busy_threads=busy_threads)
-        labels = read_labels(model, manifest.vision.labels)
-        backend = open_backend(model, placement)
-        try:
-            placement = placement.loaded(backend.offload(), require_accelerator=require_accelerator)
-            log.info("%s", placement.summary())
-            return cls(model, backend, placement, plan, labels)
-        except BaseException:
-            backend.close()
-            raise
+        return load_classifier(
+            ref, ModelKind.VISION, "; Classifier takes vision bundles (audio: runtime.audio_classifier.AudioClassifier)",
+            plan=lambda m: plan_classifier(m, m.file("weights").size, memory or default_budget(), batch=batch,
+                                           resident_bytes=resident_bytes),
+            build=lambda model, backend, placement, plan, labels, _: cls(model, backend, placement, plan, labels),
+            threads=threads, target=target, require_accelerator=require_accelerator, busy_threads=busy_threads)
 
     def scores(self, x: np.ndarray) -> np.ndarray:
         """Float batch in model layout (before input quantization) -> class scores, one row per input."""
