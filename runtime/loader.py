@@ -37,7 +37,8 @@ def open_llm(
 ) -> LLM:
     manifest = model.manifest
     if manifest.kind != ModelKind.LLM or manifest.backend != BackendName.LLAMACPP:
-        raise BadInput(f"{manifest.ref} is a {manifest.kind.value} model for {manifest.backend.value}; this command runs GGUF language models")
+        raise BadInput(f"{manifest.ref} is a {manifest.kind.value} model for {manifest.backend.value}; "
+                       "this command runs GGUF language models")
     with contextlib.ExitStack() as undo:
         # The header check, the plan and llama.cpp all read the one file that was verified (runtime.checked_open).
         with model.opened(manifest.file("weights").path) as (weights,):

@@ -28,6 +28,7 @@ from runtime.bundle import BackendName, Manifest
 from runtime.errors import BadInput, DoesNotFit
 from runtime.plan import RESERVE_FRACTION  # one reserve for every kind of model
 from runtime.units import fmt_bytes
+
 # The backend library once imported, initialized and run once: RSS over a numpy-only process, measured on
 # x86_64 with a 10 KiB model (ai-edge-litert 2.3.0: 25 MiB, onnxruntime 1.32.0: 65 MiB).
 RUNTIME_BYTES = {BackendName.LITERT: 26 << 20, BackendName.ORT: 66 << 20, BackendName.NULL: 0}  # null: numpy only
