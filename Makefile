@@ -31,9 +31,11 @@ demo: $(VENV)/.runtime
 	$(VENV)/bin/edgerun run default --chat --max-tokens 96 --prompt "$(PROMPT)"
 
 test: $(VENV)/.dev
+	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -q
 
 test-fast: $(VENV)/.dev
+	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -q -m "not slow"
 
 bench: $(VENV)/.dev

@@ -43,8 +43,8 @@ print(json.dumps({"base": base, "peak": peak_rss_bytes(), "plan_total": plan.tot
 
 
 def main() -> int:
-    from converters.vision import photos
     from apps.cli import main as edgerun
+    from converters.vision import photos
 
     rows = []
     with tempfile.TemporaryDirectory() as tmp:

@@ -45,17 +45,34 @@ def worker_speed(model: str, threads: int, engine: str) -> dict:
         if engine == "edgerun":
             r = llm.generate(tokens, params)
             load = os.getloadavg()[0]
-            return {"prefill_tps": r.prefill_tps, "decode_tps": r.decode_tps, "ttft_ms": r.ttft_ms, "tokens_out": r.tokens_out, "load1": load}
+            return {
+                "prefill_tps": r.prefill_tps,
+                "decode_tps": r.decode_tps,
+                "ttft_ms": r.ttft_ms,
+                "tokens_out": r.tokens_out,
+                "load1": load,
+            }
         plan = llm.plan
     # raw llama-cpp-python, same file and settings, in the same fresh process after edgerun's model is closed
     from llama_cpp import Llama
 
-    raw = Llama(str(resolved.path()), n_ctx=plan.n_ctx, n_batch=plan.n_batch, n_ubatch=plan.n_ubatch, n_threads=threads,
-                n_threads_batch=threads, flash_attn=True, swa_full=False, type_k=1, type_v=1, verbose=False)
+    raw = Llama(
+        str(resolved.path()),
+        n_ctx=plan.n_ctx,
+        n_batch=plan.n_batch,
+        n_ubatch=plan.n_ubatch,
+        n_threads=threads,
+        n_threads_batch=threads,
+        flash_attn=True,
+        swa_full=False,
+        type_k=1,
+        type_v=1,
+        verbose=False,
+    )
     try:
         t0 = time.perf_counter()
         n, t_first = 0, 0.0
-        for tok in raw.generate(tokens, temp=0.0, repeat_penalty=1.0, top_k=40, top_p=0.95, min_p=0.05):
+        for _tok in raw.generate(tokens, temp=0.0, repeat_penalty=1.0, top_k=40, top_p=0.95, min_p=0.05):
             now = time.perf_counter()
             if n == 0:
                 t_first = now
@@ -65,8 +82,13 @@ def worker_speed(model: str, threads: int, engine: str) -> dict:
         t_end = time.perf_counter()
     finally:
         raw.close()
-    return {"prefill_tps": len(tokens) / (t_first - t0), "decode_tps": (n - 1) / (t_end - t_first), "ttft_ms": (t_first - t0) * 1000,
-            "tokens_out": n, "load1": os.getloadavg()[0]}
+    return {
+        "prefill_tps": len(tokens) / (t_first - t0),
+        "decode_tps": (n - 1) / (t_end - t_first),
+        "ttft_ms": (t_first - t0) * 1000,
+        "tokens_out": n,
+        "load1": os.getloadavg()[0],
+    }
 
 
 def worker_ttft(model: str, threads: int) -> dict:
@@ -79,8 +101,14 @@ def worker_ttft(model: str, threads: int) -> dict:
         cold = llm.generate(prefix + q1, params)
         llm.generate(llm.tokenize(_prompt(300, "Unrelated: ")), params)  # replaces the live KV
         warm = llm.generate(prefix + q2, params)
-        return {"cold_ttft_ms": cold.ttft_ms, "warm_ttft_ms": warm.ttft_ms, "warm_source": warm.reuse_source,
-                "reused_tokens": warm.reused_tokens, "ratio": warm.ttft_ms / cold.ttft_ms, "load1": os.getloadavg()[0]}
+        return {
+            "cold_ttft_ms": cold.ttft_ms,
+            "warm_ttft_ms": warm.ttft_ms,
+            "warm_source": warm.reuse_source,
+            "reused_tokens": warm.reused_tokens,
+            "ratio": warm.ttft_ms / cold.ttft_ms,
+            "load1": os.getloadavg()[0],
+        }
 
 
 def worker_rss(model: str, threads: int) -> dict:
@@ -95,9 +123,15 @@ def worker_rss(model: str, threads: int) -> dict:
         for i in range(4):
             llm.generate(llm.tokenize(_prompt(3000, f"Document {i}: "))[: min(1400, llm.n_ctx - 128)], params)
         plan = llm.plan
-        return {"planned_bytes": plan.total_bytes, "measured_peak_rss_bytes": peak_rss_bytes(), "n_ctx": plan.n_ctx,
-                "kv_type": plan.kv_type.value, "prefix_cache_used_bytes": llm.prefix_cache.bytes,
-                "plan": plan.to_dict(), "load1": os.getloadavg()[0]}
+        return {
+            "planned_bytes": plan.total_bytes,
+            "measured_peak_rss_bytes": peak_rss_bytes(),
+            "n_ctx": plan.n_ctx,
+            "kv_type": plan.kv_type.value,
+            "prefix_cache_used_bytes": llm.prefix_cache.bytes,
+            "plan": plan.to_dict(),
+            "load1": os.getloadavg()[0],
+        }
 
 
 def _spawn(kind: str, *args: str) -> dict:
@@ -115,8 +149,11 @@ def main() -> int:
     args = ap.parse_args()
     if args.worker:
         kind, model, threads, *rest = args.worker
-        fn = {"speed": lambda: worker_speed(model, int(threads), rest[0]), "ttft": lambda: worker_ttft(model, int(threads)),
-              "rss": lambda: worker_rss(model, int(threads))}[kind]
+        fn = {
+            "speed": lambda: worker_speed(model, int(threads), rest[0]),
+            "ttft": lambda: worker_ttft(model, int(threads)),
+            "rss": lambda: worker_rss(model, int(threads)),
+        }[kind]
         print(json.dumps(fn()))
         return 0
 
@@ -129,12 +166,20 @@ def main() -> int:
                 for engine in ("raw", "edgerun"):  # alternate so drifting load hits both alike
                     samples[engine].append(_spawn("speed", model, str(threads), engine))
             med = {e: {k: statistics.median(s[k] for s in samples[e]) for k in ("prefill_tps", "decode_tps", "load1")} for e in samples}
-            row = {"model": model, "threads": threads, "raw": med["raw"], "edgerun": med["edgerun"],
-                   "prefill_ratio": med["edgerun"]["prefill_tps"] / med["raw"]["prefill_tps"],
-                   "decode_ratio": med["edgerun"]["decode_tps"] / med["raw"]["decode_tps"], "samples": samples}
+            row = {
+                "model": model,
+                "threads": threads,
+                "raw": med["raw"],
+                "edgerun": med["edgerun"],
+                "prefill_ratio": med["edgerun"]["prefill_tps"] / med["raw"]["prefill_tps"],
+                "decode_ratio": med["edgerun"]["decode_tps"] / med["raw"]["decode_tps"],
+                "samples": samples,
+            }
             results["rows"].append(row)
-            print(f"{model:<24}{threads:>4}{med['raw']['prefill_tps']:>12.1f}{med['edgerun']['prefill_tps']:>9.1f}{row['prefill_ratio']:>7.3f}"
-                  f"{med['raw']['decode_tps']:>11.1f}{med['edgerun']['decode_tps']:>9.1f}{row['decode_ratio']:>7.3f}{med['edgerun']['load1']:>6.2f}")
+            print(
+                f"{model:<24}{threads:>4}{med['raw']['prefill_tps']:>12.1f}{med['edgerun']['prefill_tps']:>9.1f}{row['prefill_ratio']:>7.3f}"
+                f"{med['raw']['decode_tps']:>11.1f}{med['edgerun']['decode_tps']:>9.1f}{row['decode_ratio']:>7.3f}{med['edgerun']['load1']:>6.2f}"
+            )
     print()
     print(f"{'model':<24}{'cold TTFT ms':>13}{'warm TTFT ms':>13}{'warm/cold':>10}{'source':>8}{'load':>6}")
     results["ttft"] = []
@@ -151,8 +196,10 @@ def main() -> int:
         r["model"] = model
         r["ratio"] = r["measured_peak_rss_bytes"] / r["planned_bytes"]
         results["rss"].append(r)
-        print(f"{model:<24}{r['n_ctx']:>6}{r['kv_type']:>6}{r['planned_bytes'] / 2**20:>12.1f}{r['measured_peak_rss_bytes'] / 2**20:>13.1f}"
-              f"{r['ratio']:>14.3f}{r['load1']:>6.2f}")
+        print(
+            f"{model:<24}{r['n_ctx']:>6}{r['kv_type']:>6}{r['planned_bytes'] / 2**20:>12.1f}{r['measured_peak_rss_bytes'] / 2**20:>13.1f}"
+            f"{r['ratio']:>14.3f}{r['load1']:>6.2f}"
+        )
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(results, indent=2))
     print(f"\nwrote {args.out}")

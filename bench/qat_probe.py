@@ -21,6 +21,7 @@ and prints top-1 agreement with the original float TFLite model on the benchmark
     python3 bench/qat_probe.py train regimes=indomain lr=2e-5 budget=200 weights=PATH/mobilenet_v2-b0353104.pth
     .venv/bin/python bench/qat_probe.py verify OUT/qat_indomain_2e-5.pt ...
 """
+
 import copy
 import json
 import math
@@ -58,7 +59,7 @@ def fold(model):
     for m in model.modules():
         if isinstance(m, nn.Sequential):
             kids = list(m._modules.items())
-            for (kc, c), (kb, b) in zip(kids, kids[1:]):
+            for (kc, c), (kb, b) in zip(kids, kids[1:], strict=False):
                 if isinstance(c, nn.Conv2d) and isinstance(b, nn.BatchNorm2d):
                     s = b.weight / torch.sqrt(b.running_var + b.eps)
                     conv = nn.Conv2d(c.in_channels, c.out_channels, c.kernel_size, c.stride, c.padding, groups=c.groups, bias=True)
@@ -100,18 +101,23 @@ def verify(paths):
             with gate.open_model(f_path, "tflite", 2) as b:
                 fine = gate.outputs(b, ev)
             agree = ref.argmax(1) == out.argmax(1)
-            print(f"{path}: INT8 top-1 agreement with float {agree.mean():.1%} (cosine min "
-                  f"{gate.compare(ref, out, None)['cosine_min']:.3f}; per photo "
-                  f"{', '.join(f'{a:.2f}' for a in (agree[i::8].mean() for i in range(8)))}); "
-                  f"the fine-tuned float model itself {(ref.argmax(1) == fine.argmax(1)).mean():.1%}", flush=True)
+            print(
+                f"{path}: INT8 top-1 agreement with float {agree.mean():.1%} (cosine min "
+                f"{gate.compare(ref, out, None)['cosine_min']:.3f}; per photo "
+                f"{', '.join(f'{a:.2f}' for a in (agree[i::8].mean() for i in range(8)))}); "
+                f"the fine-tuned float model itself {(ref.argmax(1) == fine.argmax(1)).mean():.1%}",
+                flush=True,
+            )
 
 
 if __name__ == "__main__" and sys.argv[1:2] == ["verify"]:
     verify(sys.argv[2:])
     sys.exit(0)
 if __name__ != "__main__" or sys.argv[1:2] != ["train"]:
-    sys.exit("usage: qat_probe.py train [regimes=indomain,disjoint] [lr=2e-5] [budget=SECONDS] [bs=128] [photos=0,2,4,6] "
-             "[tag=NAME] [weights=PTH] [out=DIR] | qat_probe.py verify WEIGHTS.pt ...")
+    sys.exit(
+        "usage: qat_probe.py train [regimes=indomain,disjoint] [lr=2e-5] [budget=SECONDS] [bs=128] [photos=0,2,4,6] "
+        "[tag=NAME] [weights=PTH] [out=DIR] | qat_probe.py verify WEIGHTS.pt ..."
+    )
 
 A = dict(a.split("=", 1) for a in sys.argv[2:])
 BUDGET, BS, LR = float(A.get("budget", 150)), int(A.get("bs", 128)), float(A.get("lr", 2e-5))
@@ -160,9 +166,9 @@ class Q(nn.Module):
         self.net = folded
         for m in folded.modules():
             if isinstance(m, nn.Conv2d):
-                m.forward = (lambda m: lambda x: F.conv2d(x, wq(m.weight), m.bias, m.stride, m.padding, m.dilation, m.groups))(m)
+                m.forward = lambda x, m=m: F.conv2d(x, wq(m.weight), m.bias, m.stride, m.padding, m.dilation, m.groups)
             if isinstance(m, nn.Linear):
-                m.forward = (lambda m: lambda x: F.linear(x, wq(m.weight), m.bias))(m)
+                m.forward = lambda x, m=m: F.linear(x, wq(m.weight), m.bias)
         pts = []
         for m in folded.modules():
             if isinstance(m, ConvBN):
@@ -195,13 +201,13 @@ class Q(nn.Module):
         self.ranges = [None] * len(self.ranges)
         self.collect = True
         for k in range(0, len(cal), 64):
-            self(cal[k:k + 64])
+            self(cal[k : k + 64])
         self.collect = False
 
 
 @torch.no_grad()
 def outputs(model, x):
-    return torch.cat([model(x[k:k + 100]) for k in range(0, len(x), 100)])
+    return torch.cat([model(x[k : k + 100]) for k in range(0, len(x), 100)])
 
 
 # ---- data
@@ -218,8 +224,25 @@ def disjoint_images():
     from PIL import Image
 
     imgs, names = [], []
-    for n in ("brick", "camera", "clock", "coins", "colorwheel", "grass", "gravel", "horse", "hubble_deep_field",
-              "immunohistochemistry", "logo", "moon", "page", "text", "retina", "cell", "microaneurysms"):
+    for n in (
+        "brick",
+        "camera",
+        "clock",
+        "coins",
+        "colorwheel",
+        "grass",
+        "gravel",
+        "horse",
+        "hubble_deep_field",
+        "immunohistochemistry",
+        "logo",
+        "moon",
+        "page",
+        "text",
+        "retina",
+        "cell",
+        "microaneurysms",
+    ):
         a = np.asarray(getattr(sd, n)())
         a = np.stack([a] * 3, -1) if a.ndim == 2 else a[..., :3]
         a = a.astype(np.float64)
@@ -247,14 +270,17 @@ def batch(srcs, n, gen, mode):
         lo = 0.5 if mode == "indomain" else 0.3
         ch = int(h * (lo + (1 - lo) * torch.rand(1, generator=gen)))
         cw = int(w * (lo + (1 - lo) * torch.rand(1, generator=gen)))
-        top = int(torch.randint(h - ch + 1, (1,), generator=gen)); left = int(torch.randint(w - cw + 1, (1,), generator=gen))
-        c = img[:, top:top + ch, left:left + cw]
+        top = int(torch.randint(h - ch + 1, (1,), generator=gen))
+        left = int(torch.randint(w - cw + 1, (1,), generator=gen))
+        c = img[:, top : top + ch, left : left + cw]
         if torch.rand(1, generator=gen) < 0.5:
             c = c.flip(2)
         s = 256 / min(ch, cw)
-        c = F.interpolate(c[None], size=(max(224, round(ch * s)), max(224, round(cw * s))), mode="bilinear", antialias=True, align_corners=False)[0]
-        t, l = (c.shape[1] - 224) // 2, (c.shape[2] - 224) // 2
-        c = c[:, t:t + 224, l:l + 224]
+        c = F.interpolate(
+            c[None], size=(max(224, round(ch * s)), max(224, round(cw * s))), mode="bilinear", antialias=True, align_corners=False
+        )[0]
+        top, left = (c.shape[1] - 224) // 2, (c.shape[2] - 224) // 2
+        c = c[:, top : top + 224, left : left + 224]
         contrast = 0.75 + 0.5 * torch.rand(1, generator=gen).item()
         bright = -25 + 50 * torch.rand(1, generator=gen).item()
         c = (c - 128) * contrast + 128 + bright

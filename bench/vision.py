@@ -116,6 +116,7 @@ def main() -> int:
                     onnx_route.export_float(rounded, cal, rp)
                     onnx_route.quantize(rp, Quant.INT8, cal, gp, Path(tmp))
                 outs = {}
+                float_p50 = noisy_out = None  # set by the float row, which comes first
                 for tag, path in (("float", fp), ("INT8 nearest", qp), ("INT8 GPTQ", gp), (f"INT8 --equalize on: {kept}", ep)):
                     row = {"model": name, "variant": f"{tag} {'TFLite (LiteRT)' if fmt == 'tflite' else 'ONNX (ORT)'}",
                            "size_mb": path.stat().st_size / 2**20}

@@ -54,7 +54,14 @@ class Accelerator:
         return TARGET_OF[self.kind]
 
     def to_dict(self) -> dict[str, object]:
-        return {"kind": self.kind.value, "target": self.target.value, "name": self.name, "node": self.node, "driver": self.driver, "problem": self.problem}
+        return {
+            "kind": self.kind.value,
+            "target": self.target.value,
+            "name": self.name,
+            "node": self.node,
+            "driver": self.driver,
+            "problem": self.problem,
+        }
 
 
 def _driver(fs: RootFS, sysfs_device: str) -> str | None:
@@ -76,8 +83,15 @@ def read_accelerators(fs: RootFS) -> tuple[Accelerator, ...]:
     for dev in fs.glob("/sys/bus/pci/devices/*"):
         ids = ((fs.read_text(f"{dev}/vendor") or "").strip(), (fs.read_text(f"{dev}/device") or "").strip())
         if ids == CORAL_PCI_ID and not apex:
-            found.append(Accelerator(AcceleratorKind.EDGETPU_PCIE, "Coral Edge TPU (PCIe)", dev, _driver(fs, dev),
-                                     problem="the PCIe Edge TPU is present but /dev/apex_0 is missing: the gasket/apex driver is not loaded"))
+            found.append(
+                Accelerator(
+                    AcceleratorKind.EDGETPU_PCIE,
+                    "Coral Edge TPU (PCIe)",
+                    dev,
+                    _driver(fs, dev),
+                    problem="the PCIe Edge TPU is present but /dev/apex_0 is missing: the gasket/apex driver is not loaded",
+                )
+            )
     for dev in fs.glob("/sys/bus/usb/devices/*"):
         ids = ((fs.read_text(f"{dev}/idVendor") or "").strip(), (fs.read_text(f"{dev}/idProduct") or "").strip())
         if ids in CORAL_USB_IDS:

@@ -103,7 +103,9 @@ def probe_llamacpp() -> BackendCaps:
     notes = ()
     if not gpu:
         notes = ("this llama.cpp build has no GPU offload (a CPU-only build)",)
-    return BackendCaps(Backend.LLAMACPP, installed=True, version=getattr(llama_cpp, "__version__", None), module="llama_cpp", gpu=gpu, notes=notes)
+    return BackendCaps(
+        Backend.LLAMACPP, installed=True, version=getattr(llama_cpp, "__version__", None), module="llama_cpp", gpu=gpu, notes=notes
+    )
 
 
 def _library_loads(name: str) -> bool:

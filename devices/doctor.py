@@ -103,21 +103,51 @@ def findings(machine: Machine, backends: dict[Backend, BackendCaps], python: tup
         )
         out.append(Finding("missing", "this machine has an NVIDIA GPU but onnxruntime here has no CUDA provider", fix))
     if AcceleratorKind.INTEL_NPU in kinds and (ort is None or not ort.npu):
-        out.append(Finding("missing", "an Intel NPU is present but no ONNX Runtime OpenVINO provider is installed", "pip install onnxruntime-openvino"))
+        out.append(
+            Finding(
+                "missing", "an Intel NPU is present but no ONNX Runtime OpenVINO provider is installed", "pip install onnxruntime-openvino"
+            )
+        )
     if AcceleratorKind.HAILO in kinds:
-        out.append(Finding("warning", "a Hailo accelerator is present; edgerun has no Hailo backend yet, models run on the CPU", "none in edgerun yet (HailoRT comes from Hailo's developer zone)"))
+        out.append(
+            Finding(
+                "warning",
+                "a Hailo accelerator is present; edgerun has no Hailo backend yet, models run on the CPU",
+                "none in edgerun yet (HailoRT comes from Hailo's developer zone)",
+            )
+        )
     if AcceleratorKind.ROCKCHIP_NPU in kinds:
-        out.append(Finding("warning", "a Rockchip NPU is present; edgerun has no RKNN backend yet, models run on the CPU", "none in edgerun yet (rknn-toolkit-lite2 from Rockchip)"))
+        out.append(
+            Finding(
+                "warning",
+                "a Rockchip NPU is present; edgerun has no RKNN backend yet, models run on the CPU",
+                "none in edgerun yet (rknn-toolkit-lite2 from Rockchip)",
+            )
+        )
     throttling = machine.live.throttling
     if throttling and throttling.raw & 0x10001:
-        out.append(Finding("warning", "under-voltage detected (" + ", ".join(throttling.now + throttling.since_boot) + ")", "use the official power supply (27 W USB-C for a Pi 5, 15 W for a Pi 4)"))
+        out.append(
+            Finding(
+                "warning",
+                "under-voltage detected (" + ", ".join(throttling.now + throttling.since_boot) + ")",
+                "use the official power supply (27 W USB-C for a Pi 5, 15 W for a Pi 4)",
+            )
+        )
     elif throttling and throttling.is_throttled_now:
-        out.append(Finding("warning", "the CPU is throttled now (" + ", ".join(throttling.now) + ")", "add a heatsink or fan; decode speed drops while throttled"))
+        out.append(
+            Finding(
+                "warning",
+                "the CPU is throttled now (" + ", ".join(throttling.now) + ")",
+                "add a heatsink or fan; decode speed drops while throttled",
+            )
+        )
     temp = machine.live.cpu_temp_c
     if temp is not None and temp >= 80.0:
         out.append(Finding("warning", f"CPU at {temp:.1f} °C, near the throttling point", "improve cooling before long runs"))
     if jetson and machine.board.jetson.power_mode is None:
-        out.append(Finding("warning", "Jetson power mode not readable", "run: sudo nvpmodel -q  (and sudo nvpmodel -m 0 for the maximum mode)"))
+        out.append(
+            Finding("warning", "Jetson power mode not readable", "run: sudo nvpmodel -q  (and sudo nvpmodel -m 0 for the maximum mode)")
+        )
     return out
 
 
@@ -127,5 +157,7 @@ def _litert_fix(machine: Machine, python: tuple[int, int]) -> str:
         return f"no LiteRT wheel exists for {arch}; use a 64-bit OS (aarch64)"
     if python not in LITERT_PYTHONS:
         versions = ", ".join(f"{a}.{b}" for a, b in LITERT_PYTHONS)
-        return f"ai-edge-litert has no wheel for Python {python[0]}.{python[1]} on {arch}; use Python {versions} (for example a venv from python3.11)"
-    return f"pip install ai-edge-litert  (wheel for CPython {python[0]}.{python[1]} on {arch}); then {CORAL_APT.split(' && ')[-1]} for the Edge TPU delegate"
+        return (f"ai-edge-litert has no wheel for Python {python[0]}.{python[1]} on {arch}; "
+                f"use Python {versions} (for example a venv from python3.11)")
+    return (f"pip install ai-edge-litert  (wheel for CPython {python[0]}.{python[1]} on {arch}); "
+            f"then {CORAL_APT.split(' && ')[-1]} for the Edge TPU delegate")

@@ -35,7 +35,11 @@ class Machine:
     def profile_threads(self) -> int:
         """Threads the profile asks for, before load is considered."""
         policy = self.profile.threads
-        count = {ThreadPolicy.ALL: self.cpu.logical_cpus, ThreadPolicy.PHYSICAL: self.cpu.physical_cores, ThreadPolicy.BIG: self.cpu.big_cores}[policy]
+        count = {
+            ThreadPolicy.ALL: self.cpu.logical_cpus,
+            ThreadPolicy.PHYSICAL: self.cpu.physical_cores,
+            ThreadPolicy.BIG: self.cpu.big_cores,
+        }[policy]
         count = min(count, self.usable_cpus)
         if self.profile.max_threads is not None:
             count = min(count, self.profile.max_threads)

@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from devices.accelerators import AcceleratorKind
-from devices.cpu import GGML_MAX_N_THREADS, max_threads
 from devices.capabilities import GPU_PROVIDERS, NPU_PROVIDERS, Backend, BackendCaps, probe
+from devices.cpu import GGML_MAX_N_THREADS, max_threads
 from devices.machine import Machine, detect
 from devices.target import Target
 from runtime.errors import BadInput, MissingDependency, PlacementError
@@ -90,8 +90,9 @@ class Placement:
         line += f" ({offload.why})" if offload.why else ""
         if require_accelerator:
             raise PlacementError(f"--require-accelerator: {line}")
-        return dataclasses.replace(self, target=Target.CPU, device="cpu", offload=offload,
-                                   fallback=(*self.fallback, f"{line}; running on cpu"))
+        return dataclasses.replace(
+            self, target=Target.CPU, device="cpu", offload=offload, fallback=(*self.fallback, f"{line}; running on cpu")
+        )
 
     def summary(self) -> str:
         parts = [f"{self.backend} on {self.device}", f"{self.threads} thread{'s' if self.threads != 1 else ''}"]
@@ -166,12 +167,16 @@ def resolve_placement(
     machine = machine or detect("/")
     if threads is not None and threads > max_threads(machine.cpu.logical_cpus):
         # thousands of threads make libgomp fail inside llama.cpp and ONNX Runtime's pool hang at start
-        raise BadInput(f"threads={threads} is invalid; give an integer from 1 to {max_threads(machine.cpu.logical_cpus)} "
-                       f"(4 x the {machine.cpu.logical_cpus} logical CPUs, at most {GGML_MAX_N_THREADS})")
+        raise BadInput(
+            f"threads={threads} is invalid; give an integer from 1 to {max_threads(machine.cpu.logical_cpus)} "
+            f"(4 x the {machine.cpu.logical_cpus} logical CPUs, at most {GGML_MAX_N_THREADS})"
+        )
     caps = caps or probe(kind)
     if not caps.installed:
         why = f" ({caps.error})" if caps.error else ""
-        raise MissingDependency(f"the {kind.value} backend's package {caps.module!r} cannot be imported{why}; install it with: {caps.install}")
+        raise MissingDependency(
+            f"the {kind.value} backend's package {caps.module!r} cannot be imported{why}; install it with: {caps.install}"
+        )
 
     chain = [requested] if requested is not Target.AUTO else [t for t in machine.profile.preferred_targets if t is not Target.CPU]
     fallback: list[str] = []
@@ -184,7 +189,11 @@ def resolve_placement(
             break
         failures.append((step_target, reason))
     for i, (failed, reason) in enumerate(failures):
-        then = "using cpu" if chosen is None and i == len(failures) - 1 else f"trying {(failures[i + 1][0] if i + 1 < len(failures) else chosen[0]).value}"
+        then = (
+            "using cpu"
+            if chosen is None and i == len(failures) - 1
+            else f"trying {(failures[i + 1][0] if i + 1 < len(failures) else chosen[0]).value}"
+        )
         label = "requested" if requested is not Target.AUTO else "(auto)"
         fallback.append(f"{failed.value} {label}: {reason}; {then}")
     if chosen is None:
@@ -202,8 +211,9 @@ def resolve_placement(
     shares_cores = n_threads + busy > machine.usable_cpus
     resolved, step = chosen
     if int8 and resolved is Target.CPU and not machine.cpu.int8_dot:
-        notes.append(f"INT8 about as fast as float here: {machine.cpu.arch} CPU without 8-bit dot-product instructions "
-                     "(x86 VNNI, ARM dotprod)")
+        notes.append(
+            f"INT8 about as fast as float here: {machine.cpu.arch} CPU without 8-bit dot-product instructions (x86 VNNI, ARM dotprod)"
+        )
     return Placement(
         backend=kind.value,
         requested=requested,
@@ -261,7 +271,11 @@ def _try(kind: Backend, target: Target, machine: Machine, caps: BackendCaps, n_l
     if not hardware:
         return None, f"this machine has no {target.value.upper()}"
     if not present:
-        fix = "pip install onnxruntime-gpu for CUDAExecutionProvider" if target is Target.GPU else "pip install onnxruntime-openvino for OpenVINOExecutionProvider"
+        fix = (
+            "pip install onnxruntime-gpu for CUDAExecutionProvider"
+            if target is Target.GPU
+            else "pip install onnxruntime-openvino for OpenVINOExecutionProvider"
+        )
         return None, f"onnxruntime here offers {', '.join(caps.providers) or 'no providers'}, none for the {target.value.upper()} ({fix})"
     device = "cuda:0" if target is Target.GPU else hardware[0].kind.value
     return _Step(device=device, providers=(*present, "CPUExecutionProvider")), ""
@@ -280,6 +294,8 @@ def _threads(machine: Machine, requested: int | None, busy: int) -> tuple[int, l
     wanted = machine.profile_threads()
     free = max(1, machine.usable_cpus - busy)
     if free < wanted:
-        return free, [f"threads reduced from {wanted} to {free}: {busy} cores busy (load average {machine.live.load_avg[0]:.2f}) "
-                      f"on {machine.usable_cpus} usable CPUs"]
+        return free, [
+            f"threads reduced from {wanted} to {free}: {busy} cores busy (load average {machine.live.load_avg[0]:.2f}) "
+            f"on {machine.usable_cpus} usable CPUs"
+        ]
     return wanted, []

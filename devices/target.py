@@ -1,4 +1,6 @@
-"""What a load asks to run on. Re-exported by :mod:`devices.placement`; kept here so detection can name targets without importing placement."""
+"""What a load asks to run on.
+
+Re-exported by :mod:`devices.placement`; kept here so detection can name targets without importing placement."""
 
 from __future__ import annotations
 

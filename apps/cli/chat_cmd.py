@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from runtime.chat import ChatSession
 from apps.cli.common import add_load_arguments, add_sampling_arguments, emit, load, sampling
 from apps.cli.flags import utf8_problem, utf8_text
+from runtime.chat import ChatSession
 from runtime.errors import BadInput
 
 HELP = "chat with a model interactively (one user turn per line; /reset, /quit)"

@@ -35,15 +35,23 @@ def render(report: DoctorReport) -> str:
         f"profile:   {m.profile.name} ({m.profile.description})",
         f"cpu:       {m.cpu.model}, {m.cpu.arch}, {m.cpu.logical_cpus} CPUs ({m.cpu.physical_cores} physical, {m.usable_cpus} usable); "
         f"features: {', '.join(m.cpu.features) or 'none listed'}",
-        f"memory:    {_gib(live.mem_available_bytes)} available of {_gib(live.mem_total_bytes)}; cgroup limit {_gib(live.cgroup_limit_bytes)}; "
+        f"memory:    {_gib(live.mem_available_bytes)} available of {_gib(live.mem_total_bytes)}; "
+        f"cgroup limit {_gib(live.cgroup_limit_bytes)}; "
         f"budget {_gib(m.memory_budget_bytes)} ({m.profile.memory_budget_fraction:.0%} of {_gib(live.available_bytes)})",
         f"load:      {' '.join(f'{x:.2f}' for x in live.load_avg)}; cpu temperature "
         + (f"{live.cpu_temp_c:.1f} °C" if live.cpu_temp_c is not None else "not readable")
-        + (f"; throttling {live.throttling.raw:#x} ({', '.join(live.throttling.now + live.throttling.since_boot) or 'none'})" if live.throttling else ""),
+        + (
+            f"; throttling {live.throttling.raw:#x} ({', '.join(live.throttling.now + live.throttling.since_boot) or 'none'})"
+            if live.throttling
+            else ""
+        ),
     ]
     if m.board.jetson:
         j = m.board.jetson
-        lines.append(f"jetson:    L4T {j.l4t_release}, power mode {j.power_mode or 'unknown'}" + (f" (id {j.power_mode_id})" if j.power_mode_id is not None else ""))
+        lines.append(
+            f"jetson:    L4T {j.l4t_release}, power mode {j.power_mode or 'unknown'}"
+            + (f" (id {j.power_mode_id})" if j.power_mode_id is not None else "")
+        )
     lines.append("accelerators:" + ("" if m.accelerators else " none"))
     for a in m.accelerators:
         lines.append(f"  {a.target.value:<4} {a.name} [{a.kind.value}] at {a.node}" + (f" -- {a.problem}" if a.problem else ""))

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import argparse
 
-from runtime.bundle import ModelKind
 from apps.cli.common import add_llm_plan_arguments, print_json, refuse_flags
 from apps.cli.flags import MAX_BATCH, integer, size
+from runtime.bundle import ModelKind
 from runtime.gguf_file import read_gguf
 from runtime.plan import KVType, default_budget, plan_llm
 from runtime.resolve import resolve

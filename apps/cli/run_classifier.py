@@ -5,10 +5,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-from runtime.bundle import ModelKind
-from runtime.classifier import DEFAULT_TOP_K, Classifier
 from apps.cli.common import print_json
 from apps.cli.terminal import printable
+from runtime.bundle import ModelKind
+from runtime.classifier import DEFAULT_TOP_K, Classifier
 from runtime.resolve import ResolvedModel
 
 

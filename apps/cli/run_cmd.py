@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from runtime.classifier import DEFAULT_TOP_K
 from apps.cli.common import SAMPLING_FLAGS, add_load_arguments, add_sampling_arguments, emit, load, refuse_flags, sampling
 from apps.cli.flags import INT32_MAX, integer, utf8_text
+from runtime.classifier import DEFAULT_TOP_K
 from runtime.errors import BadInput
 
 HELP = "run a model: text from a prompt (LLM, streams) or labels for --input files (vision/audio)"

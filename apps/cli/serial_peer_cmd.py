@@ -14,8 +14,8 @@ import sys
 import threading
 import time
 
-from devices.link.transport import SerialURL
 from apps.cli.flags import INT32_MAX, integer, seconds
+from devices.link.transport import SerialURL
 
 HELP = "run the reference PLC side of a serial link (edgerun frames or Modbus RTU) on URL"
 

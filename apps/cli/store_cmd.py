@@ -41,8 +41,19 @@ def main(args: argparse.Namespace) -> int:
     elif cmd == "list":
         rows = store.list()
         if args.json:
-            print_json([{"name": r.manifest.name, "version": r.manifest.version, "current": r.current, "kind": r.manifest.kind.value,
-                         "size_bytes": sum(f.size for f in r.manifest.files), "license": r.manifest.license} for r in rows])
+            print_json(
+                [
+                    {
+                        "name": r.manifest.name,
+                        "version": r.manifest.version,
+                        "current": r.current,
+                        "kind": r.manifest.kind.value,
+                        "size_bytes": sum(f.size for f in r.manifest.files),
+                        "license": r.manifest.license,
+                    }
+                    for r in rows
+                ]
+            )
         elif not rows:
             print(f"no models installed in {store.root} (the first 'edgerun run default' builds the default one)")
         for r in rows if not args.json else ():
@@ -53,7 +64,9 @@ def main(args: argparse.Namespace) -> int:
     elif cmd == "remove":
         name, version = parse_ref(args.model)  # "name@" is refused, not read as every version
         removed = store.remove(name, version)
-        print_json({"removed": [f"{name}@{v}" for v in removed]}) if args.json else print("removed " + ", ".join(f"{name}@{v}" for v in removed))
+        print_json({"removed": [f"{name}@{v}" for v in removed]}) if args.json else print(
+            "removed " + ", ".join(f"{name}@{v}" for v in removed)
+        )
     elif cmd == "rollback":
         if "@" in args.model:
             raise BadInput(f"rollback takes a model NAME, not {args.model!r}")

@@ -13,8 +13,8 @@ import os
 import stat
 from pathlib import Path
 
-from runtime.bundle import EXTENSION
 from apps.cli.common import print_json
+from runtime.bundle import EXTENSION
 from runtime.resolve import resolve
 from runtime.store import check_transport
 

@@ -140,8 +140,10 @@ def hold_out(cal: ClipSet, every: int = HOLD_OUT_EVERY) -> tuple[np.ndarray, Cli
     if held is None or len(cal.x) - held.sum() < MIN_CALIBRATION:
         held = np.arange(len(cal.x)) % every == every - 1
     if len(cal.x) - held.sum() < MIN_CALIBRATION:
-        raise BadInput(f"{len(cal.x)} calibration windows are too few to hold {100 // every} % out for the accuracy gate; "
-                       "give more audio, or an evaluation set with --eval")
+        raise BadInput(
+            f"{len(cal.x)} calibration windows are too few to hold {100 // every} % out for the accuracy gate; "
+            "give more audio, or an evaluation set with --eval"
+        )
     return np.ascontiguousarray(cal.x[~held]), ClipSet(np.ascontiguousarray(cal.x[held]), None, None)
 
 
@@ -166,8 +168,10 @@ def convert(opts: Options) -> Result:
         raise BadInput(f"--threshold {opts.threshold} must be between 0 and 1")
     source, kind, files, rate, _ = _source(opts)
     if source.kind is not SourceKind.TORCH and opts.fmt is Format.TFLITE:
-        raise BadInput(f"{opts.model}: a {source.kind.value} model converts to ONNX only (litert-torch needs an nn.Module or "
-                       ".pt2; ONNX -> TFLite needs onnx2tf, which edgerun keeps out); use --format onnx")
+        raise BadInput(
+            f"{opts.model}: a {source.kind.value} model converts to ONNX only (litert-torch needs an nn.Module or "
+            ".pt2; ONNX -> TFLite needs onnx2tf, which edgerun keeps out); use --format onnx"
+        )
     for f in files:
         if not f.is_file():
             raise BadInput(f"{f}: no such front-end model file")
@@ -198,12 +202,13 @@ def _input_shape(source: Source, kind: FrontEnd, files: list[Path]) -> tuple[int
         dims = [d.dim_value for d in next(i for i in graph.input if i.name == name).type.tensor_type.shape.dim]
         if len(dims) == 2 and dims[1] > 0:
             return (dims[1],)
-    raise BadInput(f"{source.name}: a waveform model needs a fixed input of shape (N, SAMPLES); give it as an .onnx "
-                   "with that input, or use a zoo model")
+    raise BadInput(
+        f"{source.name}: a waveform model needs a fixed input of shape (N, SAMPLES); give it as an .onnx "
+        "with that input, or use a zoo model"
+    )
 
 
-def _convert(opts: Options, source: Source, kind: FrontEnd, files: list[Path], rate: int, labels: list[str] | None,
-             work: Path) -> Result:
+def _convert(opts: Options, source: Source, kind: FrontEnd, files: list[Path], rate: int, labels: list[str] | None, work: Path) -> Result:
     shape = _input_shape(source, kind, files)
     frontend = open_frontend(kind, files, shape)
     try:
@@ -222,16 +227,32 @@ def _convert(opts: Options, source: Source, kind: FrontEnd, files: list[Path], r
     float_path = work / f"float.{ext}"
     report, ref, test = gate.run_gate(float_path, model_path, ext, ev.x, None, opts.min_agreement, threshold=opts.threshold)
     if ev.labels is not None and (ev.labels >= 0).any():  # accuracy per labelled file, not per window; the gate checks it
-        report = replace(report, labelled=int((ev.labels >= 0).sum()), accuracy_float=clip_accuracy(ev, ref, opts.threshold),
-                         accuracy_quant=clip_accuracy(ev, test, opts.threshold))
+        report = replace(
+            report,
+            labelled=int((ev.labels >= 0).sum()),
+            accuracy_float=clip_accuracy(ev, ref, opts.threshold),
+            accuracy_quant=clip_accuracy(ev, test, opts.threshold),
+        )
     data = report.to_dict()
-    held = f"held out of --calib {opts.calib} (every {HOLD_OUT_EVERY}th file, or window of an .npz; they did not calibrate): no --eval given"
-    data.update(recipe=choice.quant.value, why=choice.why, rounding=choice.rounding, format=ext, calibration_samples=len(cal), sample_rate=rate,
-                frontend=kind.value, evaluation=f"--eval {opts.eval}" if opts.eval else held)
+    held = (
+        f"held out of --calib {opts.calib} (every {HOLD_OUT_EVERY}th file, or window of an .npz; they did not calibrate): no --eval given"
+    )
+    data.update(
+        recipe=choice.quant.value,
+        why=choice.why,
+        rounding=choice.rounding,
+        format=ext,
+        calibration_samples=len(cal),
+        sample_rate=rate,
+        frontend=kind.value,
+        evaluation=f"--eval {opts.eval}" if opts.eval else held,
+    )
     if not report.passed:
-        raise QualityGateFailed(f"accuracy gate failed on {report.samples} windows, {data['evaluation']}: {report.verdict()} "
-                                f"(max abs error {report.max_abs_error:.3g}); nothing was written. "
-                                "Try more representative --calib audio, or --quant fp16")
+        raise QualityGateFailed(
+            f"accuracy gate failed on {report.samples} windows, {data['evaluation']}: {report.verdict()} "
+            f"(max abs error {report.max_abs_error:.3g}); nothing was written. "
+            "Try more representative --calib audio, or --quant fp16"
+        )
     entries = [("weights", model_path)]
     for i, f in enumerate(files):
         dst = bundle / f"frontend-{i}-{f.name}"
@@ -239,12 +260,31 @@ def _convert(opts: Options, source: Source, kind: FrontEnd, files: list[Path], r
         entries.append(("frontend", dst))
     title = f"{opts.name or source.name} {choice.quant.value} {ext}"
     io, arena = write_extras(bundle, entries, labels, data, (report, ref, test), title, model_path, float_path)
-    spec = AudioSpec(sample_rate=rate, frontend=kind.value, input_shape=shape,
-                     frontend_files=tuple(p.name for role, p in entries if role == "frontend"), input=io[0], output=io[1],
-                     output_is_logits=False, threshold=opts.threshold, labels="labels.txt" if labels else None,
-                     quantization=choice.quant.value, arena_bytes=arena, frontend_arena_bytes=_frontend_arena(kind, files, work))
-    manifest = make_manifest(ModelKind.AUDIO, opts.fmt, opts.name or source.name, opts.version or f"{choice.quant.value}-{ext}",
-                             entries, source, {"model": opts.model, "calibration": str(opts.calib)}, data, audio=spec)
+    spec = AudioSpec(
+        sample_rate=rate,
+        frontend=kind.value,
+        input_shape=shape,
+        frontend_files=tuple(p.name for role, p in entries if role == "frontend"),
+        input=io[0],
+        output=io[1],
+        output_is_logits=False,
+        threshold=opts.threshold,
+        labels="labels.txt" if labels else None,
+        quantization=choice.quant.value,
+        arena_bytes=arena,
+        frontend_arena_bytes=_frontend_arena(kind, files, work),
+    )
+    manifest = make_manifest(
+        ModelKind.AUDIO,
+        opts.fmt,
+        opts.name or source.name,
+        opts.version or f"{choice.quant.value}-{ext}",
+        entries,
+        source,
+        {"model": opts.model, "calibration": str(opts.calib)},
+        data,
+        audio=spec,
+    )
     package(bundle, manifest, opts.out)
     return Result(manifest, opts.out, data)
 

@@ -124,8 +124,13 @@ class _Graph:
 
     @staticmethod
     def is_add(node: Any) -> bool:
-        return (node.op == "call_function" and node.target in (operator.add, torch.add) and len(node.args) == 2
-                and not node.kwargs and all(hasattr(a, "op") for a in node.args))
+        return (
+            node.op == "call_function"
+            and node.target in (operator.add, torch.add)
+            and len(node.args) == 2
+            and not node.kwargs
+            and all(hasattr(a, "op") for a in node.args)
+        )
 
 
 def _scale_out(conv: Any, bn: Any, s: Any) -> None:
@@ -251,7 +256,9 @@ def applicable(module: Any) -> bool:
     return any(isinstance(m, nn.Conv2d) for m in module.modules())
 
 
-def equalize(module: Any, calib: np.ndarray, alpha: float = ALPHA, batch: int = 32, smooth_streams: bool = True) -> tuple[Any, dict[str, Any]]:
+def equalize(
+    module: Any, calib: np.ndarray, alpha: float = ALPHA, batch: int = 32, smooth_streams: bool = True
+) -> tuple[Any, dict[str, Any]]:
     """A rewritten copy of ``module`` (which takes ``calib`` as it is) and a summary for the report; (None, summary
     with ``why``) when nothing applies or the rewrite would change the float model's outputs."""
     import torch.fx as fx
@@ -279,8 +286,12 @@ def equalize(module: Any, calib: np.ndarray, alpha: float = ALPHA, batch: int = 
     for members, producers, consumers in streams:
         xmax = torch.stack([torch.maximum(-stats[m][0], stats[m][1]) for m in members]).amax(0)
         # each consumer row is quantized against its own largest weight: compare columns within rows
-        rel = torch.stack([(c.weight.detach().abs() / c.weight.detach().abs().amax(dim=(1, 2, 3), keepdim=True).clamp_min(1e-30))
-                           .amax(dim=(0, 2, 3)) for c in consumers]).amax(0)
+        rel = torch.stack(
+            [
+                (c.weight.detach().abs() / c.weight.detach().abs().amax(dim=(1, 2, 3), keepdim=True).clamp_min(1e-30)).amax(dim=(0, 2, 3))
+                for c in consumers
+            ]
+        ).amax(0)
         s = _live_ratio(xmax**alpha, rel ** (1 - alpha))
         for conv, bn in producers:
             _scale_out(conv, bn, 1 / s)
@@ -288,8 +299,13 @@ def equalize(module: Any, calib: np.ndarray, alpha: float = ALPHA, batch: int = 
             c.weight.data *= s.reshape(1, -1, 1, 1)
     gm.graph.lint()
     gm.recompile()
-    summary = {"applied": True, "depthwise_pairs": len(pairs), "streams": len(streams), "alpha": alpha if streams else None,
-               "seconds": round(time.perf_counter() - start, 1)}
+    summary = {
+        "applied": True,
+        "depthwise_pairs": len(pairs),
+        "streams": len(streams),
+        "alpha": alpha if streams else None,
+        "seconds": round(time.perf_counter() - start, 1),
+    }
     why = _verify(module, gm, x[:VERIFY_SAMPLES])
     if why:
         log.warning("activation equalization dropped: %s", why)

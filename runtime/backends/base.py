@@ -53,7 +53,7 @@ class Offload:
         return line
 
 
-class Backend(abc.ABC):
+class Backend(abc.ABC):  # noqa: B024 - its kinds (LLMBackend, ClassifierBackend) declare the abstract methods
     """Anything that owns native handles: closed once, in reverse order of creation."""
 
     name = "abstract"

@@ -20,7 +20,8 @@ def make_cable(tmp_path):
     """make_cable(faults=..., baud=...) -> (NullModem, end a, end b); closed after the test."""
     made = []
 
-    def make(faults: LineFaults = LineFaults(), baud: int | None = None, a=None, b=None):
+    def make(faults: LineFaults | None = None, baud: int | None = None, a=None, b=None):
+        faults = LineFaults() if faults is None else faults
         a = a or PtyEnd(str(tmp_path / "tty-edgerun"))
         b = b or PtyEnd(str(tmp_path / "tty-plc"))
         cable = NullModem(a, b, faults=faults, baud=baud).start()

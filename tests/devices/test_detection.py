@@ -15,10 +15,46 @@ from tests.devices.conftest import FIXTURES
 
 # fixture: (board model, profile, arch, cpu model, logical, physical, features that must be present, accelerator kinds)
 BOARDS = {
-    "pi5": ("Raspberry Pi 5 Model B Rev 1.0", "raspberry-pi-5", "aarch64", "Cortex-A76", 4, 4, {"neon", "dotprod", "fp16"}, [AcceleratorKind.DRM_GPU]),
-    "pi4-coral": ("Raspberry Pi 4 Model B Rev 1.5", "raspberry-pi-4", "aarch64", "Cortex-A72", 4, 4, {"neon"}, [AcceleratorKind.EDGETPU_USB, AcceleratorKind.DRM_GPU]),
-    "jetson-orin-nano": ("NVIDIA Jetson Orin Nano Developer Kit", "jetson-orin", "aarch64", "Cortex-A78AE", 6, 6, {"neon", "dotprod"}, [AcceleratorKind.JETSON_GPU]),
-    "x86-server": ("Dell Inc. PowerEdge R650", "x86-64", "x86_64", "Intel(R) Xeon(R) Gold 6334 CPU @ 3.60GHz", 16, 8, {"avx2", "avx512", "avx512_vnni", "fma"}, [AcceleratorKind.NVIDIA_GPU]),
+    "pi5": (
+        "Raspberry Pi 5 Model B Rev 1.0",
+        "raspberry-pi-5",
+        "aarch64",
+        "Cortex-A76",
+        4,
+        4,
+        {"neon", "dotprod", "fp16"},
+        [AcceleratorKind.DRM_GPU],
+    ),
+    "pi4-coral": (
+        "Raspberry Pi 4 Model B Rev 1.5",
+        "raspberry-pi-4",
+        "aarch64",
+        "Cortex-A72",
+        4,
+        4,
+        {"neon"},
+        [AcceleratorKind.EDGETPU_USB, AcceleratorKind.DRM_GPU],
+    ),
+    "jetson-orin-nano": (
+        "NVIDIA Jetson Orin Nano Developer Kit",
+        "jetson-orin",
+        "aarch64",
+        "Cortex-A78AE",
+        6,
+        6,
+        {"neon", "dotprod"},
+        [AcceleratorKind.JETSON_GPU],
+    ),
+    "x86-server": (
+        "Dell Inc. PowerEdge R650",
+        "x86-64",
+        "x86_64",
+        "Intel(R) Xeon(R) Gold 6334 CPU @ 3.60GHz",
+        16,
+        8,
+        {"avx2", "avx512", "avx512_vnni", "fma"},
+        [AcceleratorKind.NVIDIA_GPU],
+    ),
 }
 
 

@@ -9,11 +9,11 @@ import time
 
 import pytest
 
+from apps.cli import main as edgerun
 from devices.capabilities import Backend, BackendCaps
 from devices.doctor import diagnose
-from devices.link.frame import Frame, FrameType, FrameDecoder, hello_payload
+from devices.link.frame import Frame, FrameDecoder, FrameType, hello_payload
 from devices.link.transport import SerialTransport
-from apps.cli import main as edgerun
 from tests.devices.conftest import FIXTURES
 
 NOTHING = {

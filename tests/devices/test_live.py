@@ -32,9 +32,19 @@ def _tree(root, files: dict[str, str]) -> str:
         # kernels before 3.14 have no MemAvailable: MemFree + Buffers + Cached
         ({"proc/meminfo": "MemTotal: 8000000 kB\nMemFree: 1000000 kB\nBuffers: 100 kB\nCached: 200 kB\n"}, 1_000_300 * 1024),
         # v2 "max" is unlimited
-        ({"sys/fs/cgroup/cgroup.controllers": "", "sys/fs/cgroup/memory.max": "max\n", "sys/fs/cgroup/memory.current": "5\n"}, 4_000_000 * 1024),
+        (
+            {"sys/fs/cgroup/cgroup.controllers": "", "sys/fs/cgroup/memory.max": "max\n", "sys/fs/cgroup/memory.current": "5\n"},
+            4_000_000 * 1024,
+        ),
         # v2 limit below MemAvailable caps it: 1 GiB - 256 MiB used
-        ({"sys/fs/cgroup/cgroup.controllers": "", "sys/fs/cgroup/memory.max": f"{GiB}\n", "sys/fs/cgroup/memory.current": f"{GiB // 4}\n"}, GiB - GiB // 4),
+        (
+            {
+                "sys/fs/cgroup/cgroup.controllers": "",
+                "sys/fs/cgroup/memory.max": f"{GiB}\n",
+                "sys/fs/cgroup/memory.current": f"{GiB // 4}\n",
+            },
+            GiB - GiB // 4,
+        ),
         # inactive file cache is reclaimable and not counted as used
         (
             {
@@ -57,7 +67,10 @@ def _tree(root, files: dict[str, str]) -> str:
             GiB,
         ),
         # v1: LONG_MAX rounded to a page means unlimited
-        ({"sys/fs/cgroup/memory/memory.limit_in_bytes": "9223372036854771712\n", "sys/fs/cgroup/memory/memory.usage_in_bytes": "1\n"}, 4_000_000 * 1024),
+        (
+            {"sys/fs/cgroup/memory/memory.limit_in_bytes": "9223372036854771712\n", "sys/fs/cgroup/memory/memory.usage_in_bytes": "1\n"},
+            4_000_000 * 1024,
+        ),
         # v1 limit with hierarchical total_inactive_file preferred over the local one
         (
             {
@@ -135,14 +148,17 @@ def test_snapshot_of_a_captured_pi4():
 
 def test_cpu_zone_preferred_over_hotter_zones(tmp_path):
     # On a Jetson the GPU zone may be hotter; the CPU temperature is the cpu-thermal zone.
-    root = _tree(tmp_path, {
-        "proc/meminfo": MEMINFO,
-        "sys/class/thermal/thermal_zone0/type": "gpu-thermal\n",
-        "sys/class/thermal/thermal_zone0/temp": "70000\n",
-        "sys/class/thermal/thermal_zone1/type": "cpu-thermal\n",
-        "sys/class/thermal/thermal_zone1/temp": "50000\n",
-        "sys/class/thermal/thermal_zone2/type": "disabled\n",  # a zone whose temp is unreadable is skipped
-    })
+    root = _tree(
+        tmp_path,
+        {
+            "proc/meminfo": MEMINFO,
+            "sys/class/thermal/thermal_zone0/type": "gpu-thermal\n",
+            "sys/class/thermal/thermal_zone0/temp": "70000\n",
+            "sys/class/thermal/thermal_zone1/type": "cpu-thermal\n",
+            "sys/class/thermal/thermal_zone1/temp": "50000\n",
+            "sys/class/thermal/thermal_zone2/type": "disabled\n",  # a zone whose temp is unreadable is skipped
+        },
+    )
     state = snapshot(root)
     assert state.cpu_temp_c == 50.0
     assert [z.type for z in state.thermal_zones] == ["gpu-thermal", "cpu-thermal"]

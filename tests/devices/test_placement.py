@@ -24,7 +24,9 @@ LLAMA_CPU = BackendCaps(Backend.LLAMACPP, installed=True, version="0.3.36", modu
 LLAMA_CUDA = dataclasses.replace(LLAMA_CPU, gpu=True)
 LITERT_TPU = BackendCaps(Backend.LITERT, installed=True, module="ai_edge_litert.interpreter", npu=True, delegates=("libedgetpu.so.1",))
 LITERT_PLAIN = dataclasses.replace(LITERT_TPU, npu=False, delegates=())
-ORT_GPU = BackendCaps(Backend.ORT, installed=True, module="onnxruntime", gpu=True, providers=("CUDAExecutionProvider", "CPUExecutionProvider"))
+ORT_GPU = BackendCaps(
+    Backend.ORT, installed=True, module="onnxruntime", gpu=True, providers=("CUDAExecutionProvider", "CPUExecutionProvider")
+)
 ORT_CPU = dataclasses.replace(ORT_GPU, gpu=False, providers=("CPUExecutionProvider",))
 
 
@@ -171,19 +173,24 @@ def test_loaded_placement_reports_offload():
     p = resolve_placement("llamacpp", "gpu", machine=board("x86-server"), caps=LLAMA_CUDA, n_layers=18)
     done = p.loaded(Offload(unit="layers", on_accelerator=19, total=19, by_device=(("CUDA0", 19),)))
     assert "19/19 layers on the accelerator (CUDA0 19)" in done.summary() and done.device == "cuda:0"
-    assert done.to_dict()["offload"] == {"unit": "layers", "on_accelerator": 19, "total": 19, "by_device": {"CUDA0": 19},
-                                         "measured": True, "why": None, "asked": None}
+    assert done.to_dict()["offload"] == {
+        "unit": "layers",
+        "on_accelerator": 19,
+        "total": 19,
+        "by_device": {"CUDA0": 19},
+        "measured": True,
+        "why": None,
+        "asked": None,
+    }
 
 
 @pytest.mark.parametrize("require", [False, True])
 def test_an_unmeasured_offload_says_so_and_claims_no_count(require):
     p = resolve_placement("llamacpp", "gpu", machine=board("x86-server"), caps=LLAMA_CUDA, n_layers=18)
-    offload = Offload(unit="layers", on_accelerator=None, total=19, why="llama.cpp logged the device of 0 of its 19 layers",
-                      asked=19)
+    offload = Offload(unit="layers", on_accelerator=None, total=19, why="llama.cpp logged the device of 0 of its 19 layers", asked=19)
     done = p.loaded(offload, require_accelerator=require)  # nothing measured to refuse on: kept, and said to be unknown
     assert done.device == "cuda:0" and not done.fallback
-    assert ("offload not reported (llama.cpp logged the device of 0 of its 19 layers); asked for 19 of the 19 layers"
-            in done.summary())
+    assert "offload not reported (llama.cpp logged the device of 0 of its 19 layers); asked for 19 of the 19 layers" in done.summary()
     assert "on the accelerator" not in done.summary()  # no count that nobody measured
     assert done.to_dict()["offload"]["on_accelerator"] is None and done.to_dict()["offload"]["measured"] is False
 

@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from runtime.classifier import Classifier
 from apps.cli import main as edgerun
+from runtime.classifier import Classifier
 from tests.converters.vision.digits import LABELS, Digits
 
 

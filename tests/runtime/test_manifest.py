@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from runtime.bundle import MANIFEST, Manifest
 from apps.cli import main as cli
+from runtime.bundle import MANIFEST, Manifest
 from runtime.errors import BadInput
 from tests.ggufgen import write_tiny
 

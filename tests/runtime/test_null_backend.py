@@ -10,10 +10,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from apps.cli import main as edgerun
 from runtime.backends.base import TensorInfo
 from runtime.backends.null import NullBackend
 from runtime.bundle import sha256_file
-from apps.cli import main as edgerun
 from runtime.errors import BadInput
 
 IMAGE_IN = TensorInfo("input", (-1, 8, 8, 3), "float32")

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from runtime.bundle import MANIFEST, FileEntry, Manifest, sha256_file
 from apps.cli import main as cli
+from runtime.bundle import MANIFEST, FileEntry, Manifest, sha256_file
 from runtime.errors import BadInput
 from runtime.gguf_file import read_gguf
 from runtime.recipes import llm_manifest

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 import runtime.store
-from runtime.bundle import MANIFEST, Manifest, check_name, check_version
 from apps.cli import main as cli
+from runtime.bundle import MANIFEST, Manifest, check_name, check_version
 from runtime.errors import BadInput
 from runtime.store import MAX_TAR_HEADER, Store, parse_ref
 from tests.runtime.test_store import make_bundle_dir, make_transport, snapshot

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 import runtime.bundle
-from runtime.bundle import MANIFEST
 from apps.cli import main as cli
+from runtime.bundle import MANIFEST
 from runtime.errors import BadInput
 from runtime.resolve import resolve
 from runtime.store import Store

@@ -9,9 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from apps.cli import main as edgerun
 from converters.vision.gate import compare
 from runtime.bundle import read_manifest_dir, verify_dir
-from apps.cli import main as edgerun
 from tests.converters.audio.speech import OTHER, WAKE, synthesize
 
 

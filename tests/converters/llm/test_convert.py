@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from apps.cli import main as cli
 from converters.llm import ConvertOptions, Quant, convert
 from converters.llm.progress import Progress
 from runtime.bundle import read_manifest_dir, verify_dir
-from apps.cli import main as cli
 from runtime.store import Store
 
 QUALITY_KEYS = {"ppl_f16", "ppl_quant", "kl_mean", "kl_p99", "kl_max", "top1_agreement", "tokens", "max_kl", "passed"}

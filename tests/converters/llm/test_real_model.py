@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from runtime.bundle import read_manifest_dir
 from apps.cli import main as cli
+from runtime.bundle import read_manifest_dir
 
 ROOT = Path(__file__).resolve().parents[3]
 

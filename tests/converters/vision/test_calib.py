@@ -9,9 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from apps.cli import main as edgerun
 from converters.vision.calib import HOLD_OUT_EVERY, MIN_CALIBRATION, MIN_EVALUATION, Samples, balanced, hold_out, load_samples
 from runtime.bundle import VisionSpec
-from apps.cli import main as edgerun
 from runtime.errors import BadInput
 from tests.converters.vision.conftest import convert_args
 from tests.converters.vision.digits import Digits

@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from runtime.bundle import Layout, read_manifest_dir, verify_dir
 from apps.cli import main as edgerun
+from runtime.bundle import Layout, read_manifest_dir, verify_dir
 from tests.converters.vision.conftest import convert_args
 from tests.converters.vision.digits import Digits
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from runtime.bundle import Layout, read_manifest_dir
 from apps.cli import main as edgerun
+from runtime.bundle import Layout, read_manifest_dir
 from tests.converters.vision.digits import LABELS, MEAN, STD, Digits, make_keras_digits
 
 

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from converters.vision.pipeline import EQUALIZE_MARGIN
 from apps.cli import main as edgerun
+from converters.vision.pipeline import EQUALIZE_MARGIN
 
 pytestmark = pytest.mark.slow
 MODELS = ["efficientnet-lite0", "mobilenet-v2"]
