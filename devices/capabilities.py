@@ -10,39 +10,15 @@ device.
 from __future__ import annotations
 
 import ctypes
-import enum
 import importlib
 import logging
 from dataclasses import dataclass, field
 
-from runtime.errors import BadInput
+from devices.backends import BACKENDS, BackendName
 
 log = logging.getLogger(__name__)
 
 
-class Backend(str, enum.Enum):
-    LLAMACPP = "llamacpp"
-    LITERT = "litert"
-    ORT = "ort"
-    NULL = "null"  # the do-nothing backend: always present, CPU only
-
-    @classmethod
-    def parse(cls, value: "Backend | str") -> "Backend":
-        if isinstance(value, Backend):
-            return value
-        try:
-            return cls(str(value).strip().lower())
-        except ValueError:
-            raise BadInput(f"backend {value!r} is not valid; valid backends: {', '.join(b.value for b in cls)}") from None
-
-
-# The pip line for each backend's package; extras where pyproject has one.
-INSTALL = {
-    Backend.LLAMACPP: "pip install 'edgerun[llm]'  (llama-cpp-python==0.3.36, compiles llama.cpp)",
-    Backend.LITERT: "pip install ai-edge-litert",
-    Backend.ORT: "pip install onnxruntime",
-    Backend.NULL: "",
-}
 GPU_PROVIDERS = ("TensorrtExecutionProvider", "CUDAExecutionProvider", "ROCMExecutionProvider", "MIGraphXExecutionProvider")
 NPU_PROVIDERS = ("OpenVINOExecutionProvider", "QNNExecutionProvider", "VitisAIExecutionProvider", "RknpuExecutionProvider")
 EDGETPU_LIBRARY = "libedgetpu.so.1"
@@ -51,7 +27,7 @@ LITERT_GPU_LIBRARY = "libtensorflowlite_gpu_delegate.so"
 
 @dataclass(frozen=True)
 class BackendCaps:
-    backend: Backend
+    backend: BackendName
     installed: bool
     version: str | None = None
     module: str | None = None  # the module that was imported
@@ -64,7 +40,7 @@ class BackendCaps:
 
     @property
     def install(self) -> str:
-        return INSTALL[self.backend]
+        return BACKENDS[self.backend].install
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -93,18 +69,19 @@ def _import(name: str):
 
 
 def probe_llamacpp() -> BackendCaps:
+    (name,) = BACKENDS[BackendName.LLAMACPP].probe_modules
     try:
-        llama_cpp = _import("llama_cpp")
+        llama_cpp = _import(name)
     except Exception as exc:  # a broken native library raises OSError/RuntimeError on import
-        return BackendCaps(Backend.LLAMACPP, installed=False, module="llama_cpp", error=f"{type(exc).__name__}: {exc}")
+        return BackendCaps(BackendName.LLAMACPP, installed=False, module=name, error=f"{type(exc).__name__}: {exc}")
     if llama_cpp is None:
-        return BackendCaps(Backend.LLAMACPP, installed=False, module="llama_cpp")
+        return BackendCaps(BackendName.LLAMACPP, installed=False, module=name)
     gpu = bool(llama_cpp.llama_supports_gpu_offload())
     notes = ()
     if not gpu:
         notes = ("this llama.cpp build has no GPU offload (a CPU-only build)",)
     return BackendCaps(
-        Backend.LLAMACPP, installed=True, version=getattr(llama_cpp, "__version__", None), module="llama_cpp", gpu=gpu, notes=notes
+        BackendName.LLAMACPP, installed=True, version=getattr(llama_cpp, "__version__", None), module=name, gpu=gpu, notes=notes
     )
 
 
@@ -118,19 +95,20 @@ def _library_loads(name: str) -> bool:
 
 def probe_litert() -> BackendCaps:
     module = None
-    for name in ("ai_edge_litert.interpreter", "tflite_runtime.interpreter"):
+    names = BACKENDS[BackendName.LITERT].probe_modules
+    for name in names:
         try:
             module = _import(name)
         except Exception as exc:
-            return BackendCaps(Backend.LITERT, installed=False, module=name, error=f"{type(exc).__name__}: {exc}")
+            return BackendCaps(BackendName.LITERT, installed=False, module=name, error=f"{type(exc).__name__}: {exc}")
         if module is not None:
             break
     if module is None:
-        return BackendCaps(Backend.LITERT, installed=False, module="ai_edge_litert")
+        return BackendCaps(BackendName.LITERT, installed=False, module=names[0].split(".")[0])
     top = importlib.import_module(module.__name__.split(".")[0])
     delegates = tuple(lib for lib in (EDGETPU_LIBRARY, LITERT_GPU_LIBRARY) if _library_loads(lib))
     return BackendCaps(
-        Backend.LITERT,
+        BackendName.LITERT,
         installed=True,
         version=getattr(top, "__version__", None),
         module=module.__name__,
@@ -142,30 +120,32 @@ def probe_litert() -> BackendCaps:
 
 
 def probe_ort() -> BackendCaps:
+    (name,) = BACKENDS[BackendName.ORT].probe_modules
     try:
-        ort = _import("onnxruntime")
+        ort = _import(name)
     except Exception as exc:
-        return BackendCaps(Backend.ORT, installed=False, module="onnxruntime", error=f"{type(exc).__name__}: {exc}")
+        return BackendCaps(BackendName.ORT, installed=False, module=name, error=f"{type(exc).__name__}: {exc}")
     if ort is None:
-        return BackendCaps(Backend.ORT, installed=False, module="onnxruntime")
+        return BackendCaps(BackendName.ORT, installed=False, module=name)
     providers = tuple(ort.get_available_providers())
     return BackendCaps(
-        Backend.ORT,
+        BackendName.ORT,
         installed=True,
         version=getattr(ort, "__version__", None),
-        module="onnxruntime",
+        module=name,
         gpu=any(p in providers for p in GPU_PROVIDERS),
         npu=any(p in providers for p in NPU_PROVIDERS),
         providers=providers,
     )
 
 
-def probe(backend: Backend | str) -> BackendCaps:
-    backend = Backend.parse(backend)
-    if backend is Backend.NULL:
-        return BackendCaps(Backend.NULL, installed=True, module="runtime.backends.null")
-    return {Backend.LLAMACPP: probe_llamacpp, Backend.LITERT: probe_litert, Backend.ORT: probe_ort}[backend]()
+def probe(backend: BackendName | str) -> BackendCaps:
+    spec = BACKENDS[BackendName.parse(backend)]
+    if not spec.probe_modules:  # nothing to import: always present
+        return BackendCaps(spec.name, installed=True, module=spec.module)
+    return {BackendName.LLAMACPP: probe_llamacpp, BackendName.LITERT: probe_litert, BackendName.ORT: probe_ort}[spec.name]()
 
 
-def probe_all() -> dict[Backend, BackendCaps]:
-    return {b: probe(b) for b in Backend if b is not Backend.NULL}
+def probe_all() -> dict[BackendName, BackendCaps]:
+    """Every backend that has a package to probe (the null backend has none)."""
+    return {name: probe(name) for name, spec in BACKENDS.items() if spec.probe_modules}

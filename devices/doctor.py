@@ -11,7 +11,8 @@ import sys
 from dataclasses import dataclass
 
 from devices.accelerators import AcceleratorKind
-from devices.capabilities import Backend, BackendCaps, probe_all
+from devices.backends import BackendName
+from devices.capabilities import BackendCaps, probe_all
 from devices.machine import Machine, detect
 from devices.placement import CUDA_KINDS, EDGETPU_KINDS
 from devices.target import Target
@@ -38,11 +39,11 @@ class Finding:
 @dataclass(frozen=True)
 class DoctorReport:
     machine: Machine
-    backends: dict[Backend, BackendCaps]
+    backends: dict[BackendName, BackendCaps]
     findings: tuple[Finding, ...]
     python: str
 
-    def usable_targets(self, backend: Backend) -> tuple[Target, ...]:
+    def usable_targets(self, backend: BackendName) -> tuple[Target, ...]:
         caps = self.backends[backend]
         if not caps.installed:
             return ()
@@ -66,17 +67,19 @@ class DoctorReport:
         }
 
 
-def diagnose(root: str = "/", backends: dict[Backend, BackendCaps] | None = None, python: tuple[int, int] | None = None) -> DoctorReport:
+def diagnose(
+    root: str = "/", backends: dict[BackendName, BackendCaps] | None = None, python: tuple[int, int] | None = None
+) -> DoctorReport:
     machine = detect(root)
     backends = probe_all() if backends is None else backends
     python = python or sys.version_info[:2]
     return DoctorReport(machine, backends, tuple(findings(machine, backends, python)), f"{python[0]}.{python[1]}")
 
 
-def findings(machine: Machine, backends: dict[Backend, BackendCaps], python: tuple[int, int]) -> list[Finding]:
+def findings(machine: Machine, backends: dict[BackendName, BackendCaps], python: tuple[int, int]) -> list[Finding]:
     out: list[Finding] = []
     kinds = {a.kind for a in machine.accelerators}
-    llama, litert, ort = backends.get(Backend.LLAMACPP), backends.get(Backend.LITERT), backends.get(Backend.ORT)
+    llama, litert, ort = backends.get(BackendName.LLAMACPP), backends.get(BackendName.LITERT), backends.get(BackendName.ORT)
     jetson = machine.board.jetson is not None
 
     for caps in backends.values():

@@ -23,7 +23,8 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from devices.accelerators import AcceleratorKind
-from devices.capabilities import GPU_PROVIDERS, NPU_PROVIDERS, Backend, BackendCaps, probe
+from devices.backends import BackendName
+from devices.capabilities import GPU_PROVIDERS, NPU_PROVIDERS, BackendCaps, probe
 from devices.cpu import GGML_MAX_N_THREADS, max_threads
 from devices.machine import Machine, detect
 from devices.target import Target
@@ -59,7 +60,7 @@ class OffloadReport(Protocol):
 
 @dataclass(frozen=True)
 class Placement:
-    backend: str  # "llamacpp" | "litert" | "ort" | "null"
+    backend: str  # a devices.backends.BackendName value
     requested: Target
     target: Target  # what it resolved to: cpu, gpu or npu
     device: str  # "cpu", "cuda:0", "edgetpu:usb", "npu"
@@ -96,7 +97,7 @@ class Placement:
 
     def summary(self) -> str:
         parts = [f"{self.backend} on {self.device}", f"{self.threads} thread{'s' if self.threads != 1 else ''}"]
-        if self.backend == Backend.LLAMACPP.value and self.target is Target.GPU:
+        if self.backend == BackendName.LLAMACPP.value and self.target is Target.GPU:
             parts.append(f"gpu_layers={self.gpu_layers}")
         if self.delegate:
             parts.append(f"delegate {self.delegate}")
@@ -137,7 +138,7 @@ class _Step:
 
 
 def resolve_placement(
-    backend: str,
+    backend: BackendName | str,
     target: Target | str = "auto",
     *,
     require_accelerator: bool = False,
@@ -154,7 +155,7 @@ def resolve_placement(
     placement then says that INT8 will not be faster than float there.
     ``busy_threads``: threads other engines in this process already run (a resident llama.cpp model's),
     counted as busy cores beside the load average."""
-    kind = Backend.parse(backend)
+    kind = BackendName.parse(backend)
     requested = Target.parse(target)
     if require_accelerator and requested is Target.CPU:
         raise BadInput("--require-accelerator contradicts --target cpu; use --target gpu, npu or auto")
@@ -200,7 +201,7 @@ def resolve_placement(
         if require_accelerator:
             reasons = "; ".join(f"{t.value}: {r}" for t, r in failures) or "the profile prefers no accelerator"
             raise PlacementError(f"--require-accelerator: {kind.value} would run on the CPU ({reasons})")
-        chosen = (Target.CPU, _Step(device="cpu", providers=("CPUExecutionProvider",) if kind is Backend.ORT else ()))
+        chosen = (Target.CPU, _Step(device="cpu", providers=("CPUExecutionProvider",) if kind is BackendName.ORT else ()))
     busy = int(machine.live.load_avg[0] + 0.5) + busy_threads  # cores other work occupies
     n_threads, notes = _threads(machine, threads, busy)
     # Idle threads may spin only when ours and the busy ones fit on the usable cores together. ``busy`` already
@@ -229,14 +230,14 @@ def resolve_placement(
     )
 
 
-def _try(kind: Backend, target: Target, machine: Machine, caps: BackendCaps, n_layers: int | None) -> tuple[_Step | None, str]:
+def _try(kind: BackendName, target: Target, machine: Machine, caps: BackendCaps, n_layers: int | None) -> tuple[_Step | None, str]:
     """A configuration for ``target``, or None and the reason in words."""
     if target is Target.CPU:
         return _Step(device="cpu"), ""
     hardware = machine.accelerators_for(target)
-    if kind is Backend.NULL:
+    if kind is BackendName.NULL:
         return None, "the null backend runs on the CPU only"
-    if kind is Backend.LLAMACPP:
+    if kind is BackendName.LLAMACPP:
         if target is Target.NPU:
             return None, "llama.cpp has no NPU backend"
         cuda = [a for a in hardware if a.kind in CUDA_KINDS]
@@ -247,7 +248,7 @@ def _try(kind: Backend, target: Target, machine: Machine, caps: BackendCaps, n_l
             return None, f"llama.cpp in this install was built without GPU offload ({CUDA_BUILD})"
         device = "cuda:0" if cuda else f"gpu:0 ({hardware[0].name})"
         return _Step(device=device, gpu_layers=n_layers + 1 if n_layers is not None else ALL_LAYERS), ""
-    if kind is Backend.LITERT:
+    if kind is BackendName.LITERT:
         if target is Target.GPU:
             if not hardware:
                 return None, "this machine has no GPU"

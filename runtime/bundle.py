@@ -28,6 +28,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from devices.backends import BACKENDS, BackendName
 from runtime.errors import BadInput
 from runtime.sampling import INT32_MAX, SamplingParams
 
@@ -48,13 +49,6 @@ class ModelKind(str, enum.Enum):
     LLM = "llm"
     VISION = "vision"
     AUDIO = "audio"
-
-
-class BackendName(str, enum.Enum):
-    LLAMACPP = "llamacpp"
-    LITERT = "litert"
-    ORT = "ort"
-    NULL = "null"
 
 
 def _enum(cls: type[enum.Enum], value: Any, what: str) -> Any:
@@ -390,8 +384,7 @@ class ModelFormat(str, enum.Enum):
     NULL = "null"  # runtime/backends/null.py: a JSON description of the input and output tensors
 
 
-BACKEND_FORMAT = {BackendName.LLAMACPP: ModelFormat.GGUF, BackendName.LITERT: ModelFormat.TFLITE,
-                  BackendName.ORT: ModelFormat.ONNX, BackendName.NULL: ModelFormat.NULL}  # the one format each backend loads
+BACKEND_FORMAT = {name: ModelFormat(spec.model_format) for name, spec in BACKENDS.items()}  # the one format each backend loads
 
 MAX_JSON_DEPTH = 32  # objects and arrays inside each other; an honest manifest nests 4 deep
 MAX_INT_DIGITS = 20  # 2^64 - 1 has 20 digits; no manifest integer is larger

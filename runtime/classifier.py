@@ -10,7 +10,6 @@ imported only then.
 from __future__ import annotations
 
 import contextlib
-import importlib
 import logging
 import time
 from collections.abc import Callable
@@ -20,21 +19,17 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from devices.backends import BACKENDS, BackendName, serving
 from runtime import preprocess
+from runtime.backends import backend_class
 from runtime.backends.base import ClassifierBackend
-from runtime.bundle import BackendName, Manifest, ModelKind, TensorQuant
+from runtime.bundle import Manifest, ModelKind, TensorQuant
 from runtime.errors import BadInput
 from runtime.resolve import ResolvedModel, resolve
 from runtime.vision_plan import ClassifierPlan, plan_classifier
 
 log = logging.getLogger(__name__)
 DEFAULT_TOP_K = 5
-# backend name -> (module, class); imported only when a bundle asks for it.
-BACKENDS = {
-    BackendName.LITERT: ("runtime.backends.litert", "LiteRTBackend"),
-    BackendName.ORT: ("runtime.backends.ort", "ORTBackend"),
-    BackendName.NULL: ("runtime.backends.null", "NullBackend"),
-}
 QUANT_TOLERANCE = 1e-3  # relative: the manifest's scale against the model's own
 
 
@@ -49,11 +44,10 @@ class Prediction:
 
 def open_backend(model: ResolvedModel, placement: Any) -> ClassifierBackend:
     backend = model.manifest.backend
-    if backend not in BACKENDS:
-        valid = ", ".join(b.value for b in BACKENDS)
+    if model.manifest.kind.value not in BACKENDS[backend].kinds:
+        valid = ", ".join(b.value for b in serving(model.manifest.kind.value))
         raise BadInput(f"{model.manifest.ref}: backend {backend.value!r} cannot run a classifier (valid: {valid})")
-    module, cls = BACKENDS[backend]
-    factory = getattr(importlib.import_module(module), cls)
+    factory = backend_class(backend)
 
     def load(paths: list[Path]) -> ClassifierBackend:  # the verified file itself (runtime.checked_open)
         if backend is BackendName.LITERT:

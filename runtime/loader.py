@@ -11,7 +11,8 @@ import contextlib
 import logging
 from typing import TYPE_CHECKING
 
-from runtime.bundle import BackendName, ModelKind
+from devices.backends import BackendName
+from runtime.bundle import ModelKind
 from runtime.errors import BadInput
 from runtime.gguf_file import read_gguf
 from runtime.plan import KVType, plan_llm
@@ -47,7 +48,7 @@ def open_llm(
             from devices.placement import resolve_placement
 
             n_layers = int(info.arch_value("block_count", 0) or 0)
-            placement = resolve_placement("llamacpp", target, require_accelerator=require_accelerator, threads=threads,
+            placement = resolve_placement(BackendName.LLAMACPP, target, require_accelerator=require_accelerator, threads=threads,
                                           n_layers=n_layers)
             from runtime.backends.llamacpp import LlamaCppBackend
 

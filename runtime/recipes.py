@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from runtime.bundle import BackendName, FileEntry, LLMSpec, Manifest, ModelKind, check_name, check_version, sha256_stream
+from devices.backends import BackendName
+from runtime.bundle import FileEntry, LLMSpec, Manifest, ModelKind, check_name, check_version, sha256_stream
 from runtime.errors import BadInput, MissingDependency
 from runtime.gguf_file import GGUFInfo, read_gguf
 

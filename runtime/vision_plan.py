@@ -24,7 +24,8 @@ from typing import Any
 
 import numpy as np
 
-from runtime.bundle import BackendName, Manifest
+from devices.backends import BackendName
+from runtime.bundle import Manifest
 from runtime.errors import BadInput, DoesNotFit
 from runtime.plan import RESERVE_FRACTION  # one reserve for every kind of model
 from runtime.units import fmt_bytes

@@ -25,6 +25,8 @@ from typing import Any
 
 import numpy as np
 
+from devices.backends import for_format
+from runtime.backends import backend_class
 from runtime.backends.base import ClassifierBackend, TensorInfo
 from runtime.bundle import TensorQuant
 from runtime.classifier import time_calls
@@ -161,13 +163,7 @@ class GateReport:
 
 
 def open_model(path: Path, model_format: str, threads: int = 1) -> ClassifierBackend:
-    if model_format == "tflite":
-        from runtime.backends.litert import LiteRTBackend
-
-        return LiteRTBackend(path, threads=threads)
-    from runtime.backends.ort import ORTBackend
-
-    return ORTBackend(path, threads=threads)
+    return backend_class(for_format(model_format).name)(path, threads=threads)
 
 
 def tensor_quant(info: TensorInfo) -> TensorQuant:

@@ -26,8 +26,8 @@ from converters.vision import calib as calibration
 from converters.vision import gate
 from converters.vision.recipes import Choice, Format, Quant, Rounding, choose
 from converters.vision.source import Source, SourceKind, load_source
+from devices.backends import for_format
 from runtime.bundle import (
-    BackendName,
     ColorOrder,
     FileEntry,
     Layout,
@@ -44,7 +44,6 @@ from runtime.preprocess import log_softmax
 from runtime.store import publish
 
 log = logging.getLogger(__name__)
-BACKEND = {Format.TFLITE: BackendName.LITERT, Format.ONNX: BackendName.ORT}
 # An equalized INT8 candidate replaces the model as is only below this fraction of its calibration KL: on
 # EfficientNet-Lite0 the best candidate came within 6-8 % of it (0.00287 vs 0.00312) and agreed less with float
 # on the evaluation set (90 vs 93.5 %); on MobileNetV2 it was 0.35-0.37 of it and agreed more (89 vs 80 %).
@@ -224,7 +223,7 @@ def write_extras(bundle: Path, files: list[tuple[str, Path]], labels: list[str] 
 def make_manifest(kind: ModelKind, fmt: Format, name: str, version: str, files: list[tuple[str, Path]], source: Source,
                   origin: dict[str, str], data: dict[str, Any], **spec: Any) -> Manifest:
     return Manifest(
-        kind=kind, backend=BACKEND[fmt], model_format=fmt.value, name=check_name(name), version=check_version(version),
+        kind=kind, backend=for_format(fmt.value).name, model_format=fmt.value, name=check_name(name), version=check_version(version),
         files=tuple(FileEntry(p.name, *sha256_file(p), role=role) for role, p in files), license=source.license,
         source={**origin, "route": f"{source.kind.value}->{fmt.value}"}, reports={"accuracy": data}, **spec,
     )

@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from devices.backends import BackendName
 from runtime.backends.base import ClassifierBackend, Offload, TensorInfo, one_line
 from runtime.errors import BackendError, BadInput, MissingDependency
 from runtime.model_files import check_tflite
@@ -82,7 +83,7 @@ def _native_stderr_closed() -> Iterator[None]:
 
 
 class LiteRTBackend(ClassifierBackend):
-    name = "litert"
+    name = BackendName.LITERT.value
 
     def __init__(self, path: Path, *, threads: int, delegate: str | None = None) -> None:
         check_tflite(path)  # before the native parser sees the file

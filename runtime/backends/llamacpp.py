@@ -26,6 +26,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from devices.backends import BackendName
 from runtime.backends.base import LLMBackend, Offload, SpecialToken
 from runtime.errors import BackendError, missing
 from runtime.plan import MemoryPlan
@@ -79,7 +80,7 @@ def gpu_offload_supported() -> bool:
 
 
 class LlamaCppBackend(LLMBackend):
-    name = "llamacpp"
+    name = BackendName.LLAMACPP.value
 
     def __init__(self, path: Path, plan: MemoryPlan, *, threads: int, gpu_layers: int = 0, native_log: bool = False) -> None:
         try:

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from devices.backends import BackendName
 from runtime.backends.base import ClassifierBackend, Offload, TensorInfo
 from runtime.errors import BadInput
 
@@ -48,7 +49,7 @@ def _tensor(data: Any, role: str, where: str) -> TensorInfo:
 
 
 class NullBackend(ClassifierBackend):
-    name = "null"
+    name = BackendName.NULL.value
 
     def __init__(self, path: Path, *, threads: int = 1) -> None:
         where = str(path)

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from devices.backends import BackendName
 from runtime.backends.base import ClassifierBackend, Offload, TensorInfo, one_line
 from runtime.errors import BadInput, MissingDependency
 from runtime.model_files import check_onnx
@@ -62,7 +63,7 @@ def needs_exact_u8s8(cpu: Any) -> bool:
 
 
 class ORTBackend(ClassifierBackend):
-    name = "ort"
+    name = BackendName.ORT.value
 
     def __init__(self, path: Path, *, threads: int, providers: Sequence[str] = (CPU_PROVIDER,), spin: bool = True,
                  cpu: Any = None) -> None:

@@ -10,19 +10,20 @@ import time
 import pytest
 
 from apps.cli import main as edgerun
-from devices.capabilities import Backend, BackendCaps
+from devices.backends import BackendName
+from devices.capabilities import BackendCaps
 from devices.doctor import diagnose
 from devices.link.frame import Frame, FrameDecoder, FrameType, hello_payload
 from devices.link.transport import SerialTransport
 from tests.devices.conftest import FIXTURES
 
 NOTHING = {
-    Backend.LLAMACPP: BackendCaps(Backend.LLAMACPP, installed=False, module="llama_cpp"),
-    Backend.LITERT: BackendCaps(Backend.LITERT, installed=False, module="ai_edge_litert"),
-    Backend.ORT: BackendCaps(Backend.ORT, installed=False, module="onnxruntime"),
+    BackendName.LLAMACPP: BackendCaps(BackendName.LLAMACPP, installed=False, module="llama_cpp"),
+    BackendName.LITERT: BackendCaps(BackendName.LITERT, installed=False, module="ai_edge_litert"),
+    BackendName.ORT: BackendCaps(BackendName.ORT, installed=False, module="onnxruntime"),
 }
-LLAMA_CPU_ONLY = {**NOTHING, Backend.LLAMACPP: BackendCaps(Backend.LLAMACPP, installed=True, module="llama_cpp", gpu=False)}
-LITERT_NO_TPU_LIB = {**NOTHING, Backend.LITERT: BackendCaps(Backend.LITERT, installed=True, module="ai_edge_litert.interpreter")}
+LLAMA_CPU_ONLY = {**NOTHING, BackendName.LLAMACPP: BackendCaps(BackendName.LLAMACPP, installed=True, module="llama_cpp", gpu=False)}
+LITERT_NO_TPU_LIB = {**NOTHING, BackendName.LITERT: BackendCaps(BackendName.LITERT, installed=True, module="ai_edge_litert.interpreter")}
 
 
 @pytest.mark.parametrize(

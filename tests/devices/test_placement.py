@@ -13,19 +13,20 @@ import sys
 
 import pytest
 
-from devices.capabilities import Backend, BackendCaps, probe
+from devices.backends import BackendName
+from devices.capabilities import BackendCaps, probe
 from devices.machine import detect
 from devices.placement import ALL_LAYERS, Target, resolve_placement
 from runtime.backends.base import Offload
 from runtime.errors import BadInput, MissingDependency, PlacementError
 from tests.devices.conftest import FIXTURES
 
-LLAMA_CPU = BackendCaps(Backend.LLAMACPP, installed=True, version="0.3.36", module="llama_cpp", gpu=False)
+LLAMA_CPU = BackendCaps(BackendName.LLAMACPP, installed=True, version="0.3.36", module="llama_cpp", gpu=False)
 LLAMA_CUDA = dataclasses.replace(LLAMA_CPU, gpu=True)
-LITERT_TPU = BackendCaps(Backend.LITERT, installed=True, module="ai_edge_litert.interpreter", npu=True, delegates=("libedgetpu.so.1",))
+LITERT_TPU = BackendCaps(BackendName.LITERT, installed=True, module="ai_edge_litert.interpreter", npu=True, delegates=("libedgetpu.so.1",))
 LITERT_PLAIN = dataclasses.replace(LITERT_TPU, npu=False, delegates=())
 ORT_GPU = BackendCaps(
-    Backend.ORT, installed=True, module="onnxruntime", gpu=True, providers=("CUDAExecutionProvider", "CPUExecutionProvider")
+    BackendName.ORT, installed=True, module="onnxruntime", gpu=True, providers=("CUDAExecutionProvider", "CPUExecutionProvider")
 )
 ORT_CPU = dataclasses.replace(ORT_GPU, gpu=False, providers=("CPUExecutionProvider",))
 
@@ -56,7 +57,7 @@ def board(name):
         # ORT without a GPU provider on the same server: lists what it has
         ("x86-server", "ort", ORT_CPU, "gpu", "cpu", ["offers CPUExecutionProvider", "CUDAExecutionProvider"]),
         # the null backend never leaves the CPU, and says so
-        ("x86-server", "null", BackendCaps(Backend.NULL, installed=True, module="null"), "gpu", "cpu", ["CPU only"]),
+        ("x86-server", "null", BackendCaps(BackendName.NULL, installed=True, module="null"), "gpu", "cpu", ["CPU only"]),
     ],
 )
 def test_resolution(fixture, backend, caps, target, device, fallback_words):

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from devices.capabilities import Backend, BackendCaps
+from devices.backends import BackendName
+from devices.capabilities import BackendCaps
 from devices.machine import detect
 from devices.placement import ALL_LAYERS, Target, resolve_placement
 from runtime.backends.base import Offload
@@ -23,8 +24,8 @@ from tests.devices.conftest import FIXTURES
 from tests.runtime.modelgen import add_gather_tflite, matmul_onnx
 
 GiB = 1 << 30
-LITERT_TPU = BackendCaps(Backend.LITERT, installed=True, module="ai_edge_litert.interpreter", npu=True, delegates=("libedgetpu.so.1",))
-ORT_GPU = BackendCaps(Backend.ORT, installed=True, module="onnxruntime", gpu=True,
+LITERT_TPU = BackendCaps(BackendName.LITERT, installed=True, module="ai_edge_litert.interpreter", npu=True, delegates=("libedgetpu.so.1",))
+ORT_GPU = BackendCaps(BackendName.ORT, installed=True, module="onnxruntime", gpu=True,
                       providers=("CUDAExecutionProvider", "CPUExecutionProvider"))
 
 

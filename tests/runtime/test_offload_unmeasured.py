@@ -10,14 +10,15 @@ import re
 
 import pytest
 
-from devices.capabilities import Backend, BackendCaps
+from devices.backends import BackendName
+from devices.capabilities import BackendCaps
 from devices.machine import detect
 from devices.placement import ALL_LAYERS, resolve_placement
 from runtime.backends.base import Offload
 from tests.devices.conftest import FIXTURES
 
 GiB = 1 << 30
-LLAMA_CUDA = BackendCaps(Backend.LLAMACPP, installed=True, version="0.3.36", module="llama_cpp", gpu=True)
+LLAMA_CUDA = BackendCaps(BackendName.LLAMACPP, installed=True, version="0.3.36", module="llama_cpp", gpu=True)
 
 
 def _load_with_a_silent_log(smollm, monkeypatch: pytest.MonkeyPatch, *, gpu_build: bool) -> Offload:

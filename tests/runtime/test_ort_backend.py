@@ -88,7 +88,8 @@ def test_threads_spin_only_when_the_placement_has_the_cores_to_itself(tmp_path: 
     # Threads that spin while waiting take time from llama.cpp's threads (or anything else) on the same cores.
     import os
 
-    from devices.capabilities import Backend, BackendCaps
+    from devices.backends import BackendName
+    from devices.capabilities import BackendCaps
     from devices.machine import detect
     from devices.placement import resolve_placement
     from runtime.backends.ort import SPIN_KEYS
@@ -102,7 +103,7 @@ def test_threads_spin_only_when_the_placement_has_the_cores_to_itself(tmp_path: 
     manifest = Manifest.from_dict({"format": "edgerun.bundle", "schema_version": 1, "kind": "vision", "backend": "ort",
                                    "model_format": "onnx", "name": "m", "version": "1",
                                    "files": [{"path": "model.onnx", "sha256": "0" * 64, "size": 1}], "vision": {"size": 8}})
-    caps = BackendCaps(Backend.ORT, installed=True, module="onnxruntime", providers=("CPUExecutionProvider",))
+    caps = BackendCaps(BackendName.ORT, installed=True, module="onnxruntime", providers=("CPUExecutionProvider",))
     placement = resolve_placement("ort", "cpu", machine=_with_load(detect(os.path.join(FIXTURES, "pi5")), load1), caps=caps)
     assert placement.shares_cores is not spins
     with open_backend(ResolvedModel(manifest, tmp_path, "bundle-dir"), placement) as backend:

@@ -1,0 +1,112 @@
+"""The one table of backends: for each, its name, its runtime module, what it loads and serves, where it runs.
+
+Every place that picks, probes, places or installs a backend consults :data:`BACKENDS`; no other module
+spells a backend's name. It lives in devices/ because both layers read it: runtime/ may import devices/,
+devices/ may not import runtime/ (tests/test_layering.py). ``module`` is data here: devices never imports
+it; runtime.backends.backend_class does, only when a bundle asks for that backend.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from devices.target import Target
+from runtime.errors import BadInput
+
+
+class BackendName(str, enum.Enum):
+    LLAMACPP = "llamacpp"
+    LITERT = "litert"
+    ORT = "ort"
+    NULL = "null"  # the do-nothing backend: always present, CPU only
+
+    @classmethod
+    def parse(cls, value: BackendName | str) -> BackendName:
+        """A BackendName from a CLI string; BadInput naming the valid backends otherwise."""
+        if isinstance(value, BackendName):
+            return value
+        try:
+            return cls(str(value).strip().lower())
+        except ValueError:
+            raise BadInput(f"backend {value!r} is not valid; valid backends: {', '.join(b.value for b in cls)}") from None
+
+
+@dataclass(frozen=True)
+class BackendSpec:
+    name: BackendName
+    module: str  # the runtime module that drives it, imported only when asked for (runtime.backends.backend_class)
+    cls: str  # the backend class in ``module``
+    model_format: str  # the one runtime.bundle.ModelFormat it loads
+    kinds: tuple[str, ...]  # the runtime.bundle.ModelKind values it serves
+    targets: tuple[Target, ...]  # where it can run (auto resolves among these)
+    install: str  # the pip line that installs its package; "" when nothing is needed
+    probe_modules: tuple[str, ...]  # what devices.capabilities imports to probe it, in preference order; () = always present
+
+    def takes(self, target: Target) -> bool:
+        return target in self.targets
+
+
+BACKENDS: dict[BackendName, BackendSpec] = {
+    spec.name: spec
+    for spec in (
+        BackendSpec(
+            name=BackendName.LLAMACPP,
+            module="runtime.backends.llamacpp",
+            cls="LlamaCppBackend",
+            model_format="gguf",
+            kinds=("llm",),
+            targets=(Target.CPU, Target.GPU),
+            install="pip install 'edgerun[llm]'  (llama-cpp-python==0.3.36, compiles llama.cpp)",
+            probe_modules=("llama_cpp",),
+        ),
+        BackendSpec(
+            name=BackendName.LITERT,
+            module="runtime.backends.litert",
+            cls="LiteRTBackend",
+            model_format="tflite",
+            kinds=("vision", "audio"),
+            targets=(Target.CPU, Target.GPU, Target.NPU),
+            install="pip install ai-edge-litert",
+            probe_modules=("ai_edge_litert.interpreter", "tflite_runtime.interpreter"),
+        ),
+        BackendSpec(
+            name=BackendName.ORT,
+            module="runtime.backends.ort",
+            cls="ORTBackend",
+            model_format="onnx",
+            kinds=("vision", "audio"),
+            targets=(Target.CPU, Target.GPU, Target.NPU),
+            install="pip install onnxruntime",
+            probe_modules=("onnxruntime",),
+        ),
+        BackendSpec(
+            name=BackendName.NULL,
+            module="runtime.backends.null",
+            cls="NullBackend",
+            model_format="null",
+            kinds=("vision", "audio"),
+            targets=(Target.CPU,),
+            install="",
+            probe_modules=(),
+        ),
+    )
+}
+
+
+def spec(name: BackendName | str) -> BackendSpec:
+    return BACKENDS[BackendName.parse(name)]
+
+
+def for_format(model_format: str) -> BackendSpec:
+    """The backend that loads ``model_format``; BadInput naming the formats the table knows otherwise."""
+    for candidate in BACKENDS.values():
+        if candidate.model_format == model_format:
+            return candidate
+    valid = ", ".join(s.model_format for s in BACKENDS.values())
+    raise BadInput(f"model format {model_format!r} has no backend (valid: {valid})")
+
+
+def serving(kind: str) -> tuple[BackendName, ...]:
+    """The backends that serve a model kind ("llm", "vision", "audio"), in table order."""
+    return tuple(s.name for s in BACKENDS.values() if kind in s.kinds)
