@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from converters.audio import zoo  # noqa: E402
 from converters.audio.pipeline import windows  # noqa: E402
 from converters.vision import gate, onnx_route, tflite  # noqa: E402
-from converters.vision.recipes import Quant  # noqa: E402
+from converters.vision.recipes import QuantScheme  # noqa: E402
 from runtime.audio import OpenWakeWordFrontEnd, load_audio  # noqa: E402
 from runtime.classifier import time_calls  # noqa: E402
 from tests.converters.audio.speech import OTHER, WAKE, synthesize  # noqa: E402
@@ -68,7 +68,7 @@ def main() -> int:
             else:
                 onnx_route.export_float(module, cal, fp)
             ref = None
-            for tag, quant in (("float", None), ("INT8", Quant.INT8), ("INT4 weights", Quant.INT4W)):
+            for tag, quant in (("float", None), ("INT8", QuantScheme.INT8), ("INT4 weights", QuantScheme.INT4W)):
                 path = fp if quant is None else root / f"{quant.value}.{fmt}"
                 if quant is not None and fmt == "tflite":
                     tflite.quantize(fp, quant, cal, path)

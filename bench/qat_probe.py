@@ -81,7 +81,7 @@ def verify(paths):
     import tempfile
 
     from converters.vision import gate, tflite
-    from converters.vision.recipes import Quant
+    from converters.vision.recipes import QuantScheme
 
     _, cal_imgs, ev_imgs = eval_images()
     spec = VisionSpec(size=224, layout=Layout.NHWC, mean=MEAN_PX, std=STD_PX)
@@ -95,7 +95,7 @@ def verify(paths):
             m = fold(build())
             m.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
             tflite.export_float(m.eval(), cal, f_path, nhwc=True)
-            tflite.quantize(f_path, Quant.INT8, cal, q_path)
+            tflite.quantize(f_path, QuantScheme.INT8, cal, q_path)
             with gate.open_model(q_path, "tflite", 2) as b:
                 out = gate.outputs(b, ev)
             with gate.open_model(f_path, "tflite", 2) as b:

@@ -37,7 +37,7 @@ import copy  # noqa: E402
 
 from converters.vision import gate, onnx_route, photos, rounding, tflite, zoo  # noqa: E402
 from converters.vision.pipeline import build_quantized  # noqa: E402
-from converters.vision.recipes import Format, Quant, Rounding  # noqa: E402
+from converters.vision.recipes import Format, QuantScheme, Rounding  # noqa: E402
 from converters.vision.source import Source, SourceKind  # noqa: E402
 from runtime.bundle import Layout, VisionSpec  # noqa: E402
 from runtime.classifier import time_calls  # noqa: E402
@@ -101,20 +101,20 @@ def main() -> int:
                 # quantized, the one closest to float on the calibration set kept
                 ep, eq_work = Path(tmp) / f"equalized.{fmt}", Path(tmp) / "eq"
                 eq_work.mkdir()
-                choice = build_quantized(Source(SourceKind.TORCH, name, module=module), Format(fmt), Quant.INT8, cal, Path("bench"),
+                choice = build_quantized(Source(SourceKind.TORCH, name, module=module), Format(fmt), QuantScheme.INT8, cal, Path("bench"),
                                          eq_work, ep, nhwc=fmt == "tflite", rounding=Rounding.GPTQ, equalize=True)
                 kept = choice.equalization["kept"]
                 print(f"equalize {name} {fmt}: {choice.equalization}", file=sys.stderr, flush=True)
                 if fmt == "tflite":
                     tflite.export_float(module, cal, fp, nhwc=True)
-                    tflite.quantize(fp, Quant.INT8, cal, qp)
+                    tflite.quantize(fp, QuantScheme.INT8, cal, qp)
                     tflite.export_float(rounded, cal, rp, nhwc=True)
-                    tflite.quantize(rp, Quant.INT8, cal, gp)
+                    tflite.quantize(rp, QuantScheme.INT8, cal, gp)
                 else:
                     onnx_route.export_float(module, cal, fp)
-                    onnx_route.quantize(fp, Quant.INT8, cal, qp, Path(tmp))
+                    onnx_route.quantize(fp, QuantScheme.INT8, cal, qp, Path(tmp))
                     onnx_route.export_float(rounded, cal, rp)
-                    onnx_route.quantize(rp, Quant.INT8, cal, gp, Path(tmp))
+                    onnx_route.quantize(rp, QuantScheme.INT8, cal, gp, Path(tmp))
                 outs = {}
                 float_p50 = noisy_out = None  # set by the float row, which comes first
                 for tag, path in (("float", fp), ("INT8 nearest", qp), ("INT8 GPTQ", gp), (f"INT8 --equalize on: {kept}", ep)):

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from apps.cli.common import print_json
 from apps.cli.convert_vision import CODE_WARNING, add_gate_arguments, add_output_arguments, latency_line, rounding_line
-from converters.vision.recipes import Format, Quant, Rounding, parse
+from converters.vision.recipes import Format, QuantScheme, Rounding, parse
 from runtime.audio import FrontEnd
 
 HELP = "audio classifier/detector (zoo:NAME, .pt2 or .onnx) + its feature front end -> calibrated INT8/INT4/FP16 TFLite or ONNX bundle"
@@ -39,7 +39,7 @@ def main(args: argparse.Namespace) -> int:
         raise BadInput(f"--sample-rate {args.sample_rate} is not valid (1000..384000 Hz)")
     opts = Options(
         model=args.model, calib=args.calib, out=args.out,
-        quant=parse(Quant, args.quant, "--quant"), fmt=parse(Format, args.format, "--format"),
+        quant=parse(QuantScheme, args.quant, "--quant"), fmt=parse(Format, args.format, "--format"),
         rounding=parse(Rounding, args.rounding, "--rounding"),
         frontend=FrontEnd(args.frontend) if args.frontend else None, frontend_files=tuple(args.frontend_model),
         sample_rate=args.sample_rate, labels=args.labels, eval=args.eval, min_agreement=args.min_agreement,

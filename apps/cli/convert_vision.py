@@ -8,7 +8,7 @@ from pathlib import Path
 from apps.cli import flags
 from apps.cli.common import print_json
 from converters.vision import gate
-from converters.vision.recipes import Format, Quant, Rounding, parse
+from converters.vision.recipes import Format, QuantScheme, Rounding, parse
 from runtime.bundle import ColorOrder, Layout, ResizeMode
 from runtime.errors import BadInput
 
@@ -71,7 +71,8 @@ def add_output_arguments(parser: argparse.ArgumentParser) -> None:
     """--out, --quant, --format: shared by the vision and audio converters."""
     parser.add_argument("--out", required=True, type=Path, help="bundle directory, or a NAME.edgerun transport file")
     parser.add_argument(
-        "--quant", default="auto", choices=[q.value for q in Quant], help="recipe (default auto: int8 for CNNs, int4w for matmul-heavy)"
+        "--quant", default="auto", choices=[q.value for q in QuantScheme],
+        help="recipe (default auto: int8 for CNNs, int4w for matmul-heavy)",
     )
     parser.add_argument("--format", default="tflite", choices=[f.value for f in Format], help="tflite (LiteRT) or onnx (ONNX Runtime)")
     parser.add_argument(
@@ -107,7 +108,7 @@ def main(args: argparse.Namespace) -> int:
         model=args.model,
         calib=args.calib,
         out=args.out,
-        quant=parse(Quant, args.quant, "--quant"),
+        quant=parse(QuantScheme, args.quant, "--quant"),
         fmt=parse(Format, args.format, "--format"),
         rounding=parse(Rounding, args.rounding, "--rounding"),
         equalize=args.equalize == "on",

@@ -25,7 +25,7 @@ import numpy as np
 from converters.vision import gate
 from converters.vision.calib import HOLD_OUT_EVERY, MAX_CALIBRATION, MIN_CALIBRATION
 from converters.vision.pipeline import build_quantized, check_output, make_manifest, onnx_peak_bytes, package, write_extras
-from converters.vision.recipes import Format, Quant, Rounding
+from converters.vision.recipes import Format, QuantScheme, Rounding
 from converters.vision.source import Source, SourceKind, load_source
 from runtime.audio import FrontEnd, load_audio, open_frontend, wav_files
 from runtime.bundle import AudioSpec, Manifest, ModelKind
@@ -39,7 +39,7 @@ class Options:
     model: str
     calib: Path
     out: Path
-    quant: Quant = Quant.AUTO
+    quant: QuantScheme = QuantScheme.AUTO
     fmt: Format = Format.TFLITE
     rounding: Rounding = Rounding.GPTQ
     frontend: FrontEnd | None = None  # default: the zoo model's, else waveform

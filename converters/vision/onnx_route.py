@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from converters.vision.recipes import Quant
+from converters.vision.recipes import QuantScheme
 from runtime.errors import BadInput
 from runtime.optional import require
 
@@ -62,9 +62,9 @@ def input_name(path: Path) -> str:
     return names[0]
 
 
-def quantize(float_path: Path, quant: Quant, calib: np.ndarray | None, out: Path, work: Path) -> None:
+def quantize(float_path: Path, quant: QuantScheme, calib: np.ndarray | None, out: Path, work: Path) -> None:
     quantization = require("onnxruntime.quantization", "pip install onnxruntime==1.32.0 sympy onnx-ir", purpose="the ONNX route")
-    if quant is Quant.INT8:
+    if quant is QuantScheme.INT8:
         assert calib is not None
         from onnxruntime.quantization.shape_inference import quant_pre_process
 
@@ -85,7 +85,7 @@ def quantize(float_path: Path, quant: Quant, calib: np.ndarray | None, out: Path
         quantization.quantize_static(str(pre), str(out), Reader(), quant_format=quantization.QuantFormat.QDQ,
                                      activation_type=quantization.QuantType.QUInt8, weight_type=quantization.QuantType.QInt8,
                                      per_channel=True, calibrate_method=quantization.CalibrationMethod.MinMax)
-    elif quant is Quant.INT4W:
+    elif quant is QuantScheme.INT4W:
         require("onnx_ir", "pip install onnx-ir", purpose="the ONNX route")
         from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
 
@@ -100,7 +100,7 @@ def quantize(float_path: Path, quant: Quant, calib: np.ndarray | None, out: Path
             raise BadInput("int4w: no MatMul weight could be quantized to 4 bits (inner dimensions below the block of 32?); "
                            "use --quant int8")
         q.model.save_model_to_file(str(out), use_external_data_format=False)
-    elif quant is Quant.FP16:
+    elif quant is QuantScheme.FP16:
         onnx = require("onnx", "pip install onnx==1.23.2", purpose="the ONNX route")
         from onnxruntime.transformers.float16 import convert_float_to_float16
 

@@ -24,7 +24,7 @@ import numpy as np
 
 from converters.vision import calib as calibration
 from converters.vision import gate
-from converters.vision.recipes import Choice, Format, Quant, Rounding, choose
+from converters.vision.recipes import Choice, Format, QuantScheme, Rounding, choose
 from converters.vision.source import Source, SourceKind, load_source
 from devices.backends import for_format
 from runtime.bundle import (
@@ -55,7 +55,7 @@ class Options:
     model: str
     calib: Path
     out: Path
-    quant: Quant = Quant.AUTO
+    quant: QuantScheme = QuantScheme.AUTO
     fmt: Format = Format.TFLITE
     rounding: Rounding = Rounding.GPTQ
     equalize: bool = False  # try activation equalization before INT8 (PyTorch sources; --equalize on)
@@ -193,12 +193,12 @@ def _convert(opts: Options, source: Source, labels: list[str] | None, work: Path
 def _remedies(opts: Options, choice: Choice, source: Source) -> str:
     """What a user can try after a failed gate, only the options that apply to this conversion."""
     tries = ["more or more representative --calib data"]
-    if choice.quant is Quant.INT8 and source.module is not None and not opts.equalize:
+    if choice.quant is QuantScheme.INT8 and source.module is not None and not opts.equalize:
         from converters.vision.equalize import applicable
 
         if applicable(source.module):
             tries.append("--equalize on (evens out activation ranges across channels before INT8)")
-    if choice.quant is not Quant.FP16:
+    if choice.quant is not QuantScheme.FP16:
         tries.append("--quant fp16")
     return ", ".join(tries[:-1]) + f", or {tries[-1]}" if len(tries) > 1 else tries[0]
 
@@ -229,7 +229,7 @@ def make_manifest(kind: ModelKind, fmt: Format, name: str, version: str, files: 
     )
 
 
-def build_quantized(source: Source, fmt: Format, quant: Quant, cal_x: np.ndarray, calib: Path, work: Path, model_path: Path,
+def build_quantized(source: Source, fmt: Format, quant: QuantScheme, cal_x: np.ndarray, calib: Path, work: Path, model_path: Path,
                     *, nhwc: bool = False, onnx_module: Any = None, rounding: Rounding = Rounding.NEAREST,
                     equalize: bool = False) -> Choice:
     """Float model from ``source`` at ``work/float.EXT``, then the chosen recipe into ``model_path``; the choice made.
@@ -262,10 +262,10 @@ def build_quantized(source: Source, fmt: Format, quant: Quant, cal_x: np.ndarray
         else:
             route.export_float(export_module, cal_x, float_path)
     choice = choose(quant, route.op_census(float_path))
-    if choice.quant is Quant.INT8:
+    if choice.quant is QuantScheme.INT8:
         calibration.check_calibration(calibration.Samples(cal_x, None, ()), calib)
     log.info("recipe %s: %s", choice.quant.value, choice.why)
-    if choice.quant is not Quant.INT8:
+    if choice.quant is not QuantScheme.INT8:
         _quantize(route, fmt, float_path, choice.quant, cal_x, model_path, work)
         return choice
     candidates: list[tuple[str, Any, dict[str, Any]]] = [("as is", export_module, {})]
@@ -314,7 +314,7 @@ def build_quantized(source: Source, fmt: Format, quant: Quant, cal_x: np.ndarray
     return replace(choice, equalization=summary, rounding=built[0][1])
 
 
-def _quantize(route: Any, fmt: Format, src: Path, quant: Quant, cal_x: np.ndarray, out: Path, work: Path) -> None:
+def _quantize(route: Any, fmt: Format, src: Path, quant: QuantScheme, cal_x: np.ndarray, out: Path, work: Path) -> None:
     if fmt is Format.TFLITE:
         route.quantize(src, quant, cal_x, out)
     else:

@@ -22,7 +22,9 @@ MATMUL_OPS = {"FULLY_CONNECTED", "BATCH_MATMUL", "MatMul", "Gemm"}
 MEASURED = "see the latency measured here"
 
 
-class Quant(str, enum.Enum):
+class QuantScheme(str, enum.Enum):
+    """A vision/audio quantization recipe (what is quantized, how). Not converters.llm.options.Quant, a GGUF weight type."""
+
     AUTO = "auto"
     INT8 = "int8"  # full-integer static: int8 weights (per channel) and activations, calibrated
     INT4W = "int4w"  # 4-bit weights (per channel / block), float activations
@@ -48,27 +50,27 @@ def parse(cls: type[enum.Enum], value: str, what: str):
 
 @dataclass(frozen=True)
 class Choice:
-    quant: Quant
+    quant: QuantScheme
     why: str
     rounding: dict[str, Any] = field(default_factory=lambda: {"method": Rounding.NEAREST.value})
     equalization: dict[str, Any] = field(default_factory=lambda: {"applied": False, "why": "not an INT8 recipe"})
 
 
-def choose(requested: Quant, ops: dict[str, int]) -> Choice:
+def choose(requested: QuantScheme, ops: dict[str, int]) -> Choice:
     conv = sum(n for op, n in ops.items() if op in CONV_OPS)
     matmul = sum(n for op, n in ops.items() if op in MATMUL_OPS)
     census = f"{conv} convolution and {matmul} matmul/fully-connected ops"
-    if requested is not Quant.AUTO:
+    if requested is not QuantScheme.AUTO:
         hint = ""
-        if requested is Quant.INT8 and conv == 0 and matmul:
+        if requested is QuantScheme.INT8 and conv == 0 and matmul:
             hint = ("; this model is fully-connected: int4w would be smaller, and whether either is faster than float "
                     f"depends on the CPU ({MEASURED})")
-        if requested is Quant.INT4W and conv > matmul:
+        if requested is QuantScheme.INT4W and conv > matmul:
             hint = ("; this model is convolutional: int4w weights make it smaller, and were slower than float on the CPUs "
                     f"benchmarked; int8 is faster than float only on CPUs with 8-bit dot products ({MEASURED})")
         return Choice(requested, f"requested ({census}){hint}")
     if conv >= matmul:
-        return Choice(Quant.INT8, f"auto: {census}: full-integer static INT8 (~3.5x smaller; faster than float only on CPUs "
+        return Choice(QuantScheme.INT8, f"auto: {census}: full-integer static INT8 (~3.5x smaller; faster than float only on CPUs "
                                   f"with 8-bit dot products: {MEASURED})")
-    return Choice(Quant.INT4W, f"auto: {census}: 4-bit weights shrink matmul-heavy models (whether they run faster than float "
+    return Choice(QuantScheme.INT4W, f"auto: {census}: 4-bit weights shrink matmul-heavy models (whether they run faster than float "
                                f"depends on the CPU: {MEASURED})")

@@ -1,6 +1,6 @@
 """The TFLite route: torch module -> float .tflite (litert-torch) -> quantized .tflite (ai-edge-quantizer).
 
-Recipes (``Quant``): ``int8`` is full-integer static INT8 (int8 activations and
+Recipes (``QuantScheme``): ``int8`` is full-integer static INT8 (int8 activations and
 per-channel int8 weights, calibrated); ``int4w`` is dynamic INT4 weights
 (per-channel; activations quantized on the fly); ``fp16`` casts weights to
 float16. Calibration keeps each tensor's global min/max over all samples:
@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from converters.vision.recipes import Quant
+from converters.vision.recipes import QuantScheme
 from runtime.errors import BadInput
 from runtime.optional import require
 
@@ -119,21 +119,21 @@ def _unsupported(exc: Exception) -> str:
     return f"litert-torch cannot convert this model to TFLite ({what}); the ONNX route (--format onnx) may take it"
 
 
-def quantize(float_path: Path, quant: Quant, calib: np.ndarray | None, out: Path) -> None:
+def quantize(float_path: Path, quant: QuantScheme, calib: np.ndarray | None, out: Path) -> None:
     aeq = require("ai_edge_quantizer", "pip install ai-edge-quantizer==0.10.0", purpose="the TFLite route")
     from ai_edge_quantizer import calibrator, quantizer, recipe
     from ai_edge_quantizer.utils import qsv_utils
 
     q = quantizer.Quantizer(str(float_path))
-    if quant is Quant.INT8:
+    if quant is QuantScheme.INT8:
         q.load_quantization_recipe(recipe.static_wi8_ai8())
-    elif quant is Quant.INT4W:
+    elif quant is QuantScheme.INT4W:
         q.load_quantization_recipe(recipe.dynamic_wi4_afp32())
-    elif quant is Quant.FP16:
+    elif quant is QuantScheme.FP16:
         q.add_weight_only_config(regex=".*", operation_name=aeq.qtyping.TFLOperationName.ALL_SUPPORTED, num_bits=16,
                                  algorithm_key=quantizer.AlgorithmName.FLOAT_CASTING)
     else:
-        raise BadInput(f"quantization {quant.value!r} is not valid for TFLite (valid: {', '.join(q.value for q in Quant)})")
+        raise BadInput(f"quantization {quant.value!r} is not valid for TFLite (valid: {', '.join(q.value for q in QuantScheme)})")
     result: dict[str, Any] = {}
     if q.need_calibration:
         assert calib is not None

@@ -98,8 +98,8 @@ def test_every_recipe_reason_leaves_speed_to_the_measured_latency(requested: str
     # speed points at the latency this conversion measured (report["latency_ratio"])
     import re
 
-    from converters.vision.recipes import MEASURED, Quant, choose
+    from converters.vision.recipes import MEASURED, QuantScheme, choose
 
-    choice = choose(Quant(requested), ops)
+    choice = choose(QuantScheme(requested), ops)
     assert choice.quant.value == quant
     assert re.search(r"faster|slower|speed", choice.why) and MEASURED in choice.why, choice.why

@@ -12,7 +12,7 @@ torch = pytest.importorskip("torch")
 from torch import nn  # noqa: E402
 
 from converters.vision import onnx_route, rounding, tflite  # noqa: E402
-from converters.vision.recipes import Quant  # noqa: E402
+from converters.vision.recipes import QuantScheme  # noqa: E402
 
 
 def _correlated(n: int, k: int, seed: int) -> np.ndarray:
@@ -115,11 +115,11 @@ def test_quantizers_keep_the_integers_gptq_chose(tmp_path: Path, fmt: str) -> No
     if fmt == "tflite":
         nhwc = np.ascontiguousarray(x.transpose(0, 2, 3, 1))
         tflite.export_float(rounded, nhwc, tmp_path / "float.tflite", nhwc=True)
-        tflite.quantize(tmp_path / "float.tflite", Quant.INT8, nhwc, tmp_path / "int8.tflite")
+        tflite.quantize(tmp_path / "float.tflite", QuantScheme.INT8, nhwc, tmp_path / "int8.tflite")
         got = _tflite_int8_weights(tmp_path / "int8.tflite")
     else:
         onnx_route.export_float(rounded, x, tmp_path / "float.onnx")
-        onnx_route.quantize(tmp_path / "float.onnx", Quant.INT8, x, tmp_path / "int8.onnx", tmp_path)
+        onnx_route.quantize(tmp_path / "float.onnx", QuantScheme.INT8, x, tmp_path / "int8.onnx", tmp_path)
         got = _onnx_int8_weights(tmp_path / "int8.onnx")
     for w in want:
         same_shape = [g for g in got if g.shape == w.shape]
