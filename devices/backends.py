@@ -35,6 +35,7 @@ class BackendName(str, enum.Enum):
 @dataclass(frozen=True)
 class BackendSpec:
     name: BackendName
+    title: str  # how a message names it
     module: str  # the runtime module that drives it, imported only when asked for (runtime.backends.backend_class)
     cls: str  # the backend class in ``module``
     model_format: str  # the one runtime.bundle.ModelFormat it loads
@@ -52,6 +53,7 @@ BACKENDS: dict[BackendName, BackendSpec] = {
     for spec in (
         BackendSpec(
             name=BackendName.LLAMACPP,
+            title="llama.cpp",
             module="runtime.backends.llamacpp",
             cls="LlamaCppBackend",
             model_format="gguf",
@@ -62,6 +64,7 @@ BACKENDS: dict[BackendName, BackendSpec] = {
         ),
         BackendSpec(
             name=BackendName.LITERT,
+            title="LiteRT",
             module="runtime.backends.litert",
             cls="LiteRTBackend",
             model_format="tflite",
@@ -72,6 +75,7 @@ BACKENDS: dict[BackendName, BackendSpec] = {
         ),
         BackendSpec(
             name=BackendName.ORT,
+            title="ONNX Runtime",
             module="runtime.backends.ort",
             cls="ORTBackend",
             model_format="onnx",
@@ -82,6 +86,7 @@ BACKENDS: dict[BackendName, BackendSpec] = {
         ),
         BackendSpec(
             name=BackendName.NULL,
+            title="null backend",
             module="runtime.backends.null",
             cls="NullBackend",
             model_format="null",

@@ -11,7 +11,7 @@ import sys
 from dataclasses import dataclass
 
 from devices.accelerators import AcceleratorKind
-from devices.backends import BackendName
+from devices.backends import BACKENDS, BackendName
 from devices.capabilities import BackendCaps, probe_all
 from devices.machine import Machine, detect
 from devices.placement import CUDA_KINDS, EDGETPU_KINDS
@@ -50,9 +50,10 @@ class DoctorReport:
         out = [Target.CPU]
         gpus = self.machine.accelerators_for(Target.GPU)
         npus = self.machine.accelerators_for(Target.NPU)
-        if caps.gpu and gpus:
+        takes = BACKENDS[backend].takes
+        if caps.gpu and gpus and takes(Target.GPU):
             out.insert(0, Target.GPU)
-        if caps.npu and any(a.problem is None for a in npus):
+        if caps.npu and any(a.problem is None for a in npus) and takes(Target.NPU):
             out.insert(0, Target.NPU)
         return tuple(out)
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from devices.accelerators import AcceleratorKind
-from devices.backends import BackendName
+from devices.backends import BACKENDS, BackendName
 from devices.capabilities import GPU_PROVIDERS, NPU_PROVIDERS, BackendCaps, probe
 from devices.cpu import GGML_MAX_N_THREADS, max_threads
 from devices.machine import Machine, detect
@@ -234,12 +234,13 @@ def _try(kind: BackendName, target: Target, machine: Machine, caps: BackendCaps,
     """A configuration for ``target``, or None and the reason in words."""
     if target is Target.CPU:
         return _Step(device="cpu"), ""
+    entry = BACKENDS[kind]
+    if not entry.takes(target):
+        if entry.targets == (Target.CPU,):
+            return None, f"the {entry.title} runs on the CPU only"
+        return None, f"{entry.title} has no {target.value.upper()} backend"
     hardware = machine.accelerators_for(target)
-    if kind is BackendName.NULL:
-        return None, "the null backend runs on the CPU only"
     if kind is BackendName.LLAMACPP:
-        if target is Target.NPU:
-            return None, "llama.cpp has no NPU backend"
         cuda = [a for a in hardware if a.kind in CUDA_KINDS]
         if not hardware:
             extra = "" if caps.gpu else ", and llama.cpp in this install was built without GPU offload"
