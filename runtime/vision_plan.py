@@ -24,12 +24,13 @@ from typing import Any
 
 import numpy as np
 
-from devices.backends import BackendName
+from devices.backends import BackendName, serving
 from runtime.bundle import Manifest
 from runtime.errors import BadInput, DoesNotFit
 from runtime.plan import RESERVE_FRACTION  # one reserve for every kind of model
 from runtime.units import fmt_bytes
 
+# Per classifier backend (devices.backends.serving("vision")), tests/devices/test_backends.py checks each has both.
 # The backend library once imported, initialized and run once: RSS over a numpy-only process, measured on
 # x86_64 with a 10 KiB model (ai-edge-litert 2.3.0: 25 MiB, onnxruntime 1.32.0: 65 MiB).
 RUNTIME_BYTES = {BackendName.LITERT: 26 << 20, BackendName.ORT: 66 << 20, BackendName.NULL: 0}  # null: numpy only
@@ -90,8 +91,8 @@ def plan_classifier(manifest: Manifest, model_bytes: int, budget: int, *, batch:
     spec = manifest.vision or manifest.audio
     if spec is None:
         raise BadInput(f"{manifest.ref} is a {manifest.kind.value} bundle; the classifier planner takes vision and audio bundles")
-    if manifest.backend not in RUNTIME_BYTES:
-        valid = ", ".join(b.value for b in RUNTIME_BYTES)
+    if manifest.backend not in serving(manifest.kind.value):  # the table (devices.backends) says who serves a kind
+        valid = ", ".join(b.value for b in serving(manifest.kind.value))
         raise BadInput(f"{manifest.ref}: backend {manifest.backend.value!r} is not a classifier backend (valid: {valid})")
     if batch < 1 or budget < 1 or resident_bytes < 0:
         raise BadInput(f"plan: batch {batch}, budget {budget} and resident {resident_bytes} bytes must be positive")

@@ -45,6 +45,14 @@ def test_every_model_format_and_kind_has_a_backend() -> None:
     assert {k for entry in BACKENDS.values() for k in entry.kinds} <= {k.value for k in ModelKind}
 
 
+def test_every_classifier_backend_has_its_memory_costs() -> None:
+    from runtime.vision_plan import ARENA_FACTOR, RUNTIME_BYTES
+
+    for kind in (ModelKind.VISION, ModelKind.AUDIO):
+        for name in serving(kind.value):
+            assert name in RUNTIME_BYTES and name in ARENA_FACTOR, f"runtime.vision_plan has no memory cost for {name.value}"
+
+
 def test_lookups_refuse_unknown_names_in_one_line() -> None:
     with pytest.raises(BadInput, match=r"backend 'tensorrt' is not valid; valid backends: llamacpp, litert, ort, null"):
         spec("tensorrt")
