@@ -81,3 +81,18 @@ def test_no_module_but_the_table_spells_a_backend_name() -> None:
 def test_the_literal_check_sees_a_name() -> None:
     probe_file = ROOT / "devices" / "backends.py"
     assert _name_literals(probe_file), "the table itself spells the names, so the check must find them there"
+
+
+def test_a_classifier_bundle_for_a_backend_that_serves_no_classifier_is_refused_by_the_table(tmp_path: Path) -> None:
+    import json
+
+    from runtime.classifier import Classifier
+    from tests.runtime.modelgen import vision_bundle
+
+    bundle = vision_bundle(tmp_path / "img", "onnx")
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    manifest.update(backend=BackendName.LLAMACPP.value, model_format=ModelFormat.GGUF.value)
+    (bundle / "manifest.json").write_text(json.dumps(manifest))
+    valid = ", ".join(b.value for b in serving(ModelKind.VISION.value))
+    with pytest.raises(BadInput, match=rf"backend 'llamacpp' is not a classifier backend \(valid: {valid}\)$"):
+        Classifier.load(str(bundle), target="cpu", threads=1)
