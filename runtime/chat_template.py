@@ -27,7 +27,7 @@ import threading
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from runtime.errors import BadInput, EdgerunError, missing
+from runtime.errors import BadInput, EdgerunError, missing, one_line
 
 MAX_STEPS = 200_000  # loop iterations plus calls in one render
 MAX_INT_ARG = 1_000_000  # largest integer a call or filter may be given (a width, a count, a range)
@@ -175,9 +175,6 @@ def _sandbox() -> type:
     return Environment
 
 
-def _one_line(exc: BaseException) -> str:
-    text = " ".join(str(exc).split()) or type(exc).__name__
-    return text if len(text) <= 200 else text[:197] + "..."
 
 
 class ChatTemplate:
@@ -189,14 +186,14 @@ class ChatTemplate:
         try:
             self._template = self._env.compile_bounded(source)
         except TemplateSyntaxError as exc:
-            raise BadInput(f"the chat template of {name} is not valid Jinja (line {exc.lineno}): {_one_line(exc)}") from None
+            raise BadInput(f"the chat template of {name} is not valid Jinja (line {exc.lineno}): {one_line(exc, 200)}") from None
         except (RecursionError, MemoryError, ValueError) as exc:
-            raise BadInput(f"the chat template of {name} cannot be compiled: {_one_line(exc)}") from None
+            raise BadInput(f"the chat template of {name} cannot be compiled: {one_line(exc, 200)}") from None
         self.bos, self.eos = bos, eos
         self._env.globals["raise_exception"] = self._raise_exception
 
     def _raise_exception(self, message: str) -> None:
-        raise BadInput(f"the chat template of {self.name} refused the conversation: {_one_line(Exception(message))}")
+        raise BadInput(f"the chat template of {self.name} refused the conversation: {one_line(Exception(message), 200)}")
 
     def render(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
         limit = MAX_TEXT + 4 * sum(len(m["content"]) for m in messages)
@@ -217,7 +214,7 @@ class ChatTemplate:
         except _Refused as exc:
             raise BadInput(f"the chat template of {self.name} was stopped: {exc}") from None
         except Exception as exc:  # anything the template's own code raises (SecurityError, TypeError, ...)
-            raise BadInput(f"the chat template of {self.name} failed: {type(exc).__name__}: {_one_line(exc)}") from None
+            raise BadInput(f"the chat template of {self.name} failed: {type(exc).__name__}: {one_line(exc, 200)}") from None
         finally:
             env._local.budget = None
         return "".join(out)

@@ -55,3 +55,10 @@ def missing(module: str, extra: str) -> MissingDependency:
     return MissingDependency(
         f"the Python package {module!r} is not installed; install it with: pip install 'edgerun[{extra}]'"
     )
+
+
+def one_line(exc: BaseException, limit: int = 400) -> str:
+    """An exception's message on one line (native runtimes' and Jinja's span several), at most ``limit`` characters;
+    its type's name when it has no message."""
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -17,7 +17,7 @@ from __future__ import annotations
 import struct
 from pathlib import Path
 
-from runtime.errors import BadInput
+from runtime.errors import BadInput, one_line
 
 TFLITE_IDENTIFIER = b"TFL3"
 TFLITE_SCHEMA_VERSION = 3
@@ -109,8 +109,8 @@ def check_onnx(path: Path) -> None:
     try:
         onnx.checker.check_model(onnx.load_from_string(buf), full_check=False)
     except Exception as exc:
-        why = " ".join(str(exc).split())[:300]  # the checker's messages span several lines
-        raise BadInput(f"{where}: ONNX checker rejects the model ({type(exc).__name__}: {why})") from None
+        # the checker's messages span several lines
+        raise BadInput(f"{where}: ONNX checker rejects the model ({type(exc).__name__}: {one_line(exc, 300)})") from None
 
 
 def _read(path: Path) -> bytes:

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from runtime.errors import BackendError, BadInput, EdgerunError
+from runtime.errors import BackendError, BadInput, EdgerunError, one_line
 from runtime.sampling import SamplingParams
 
 
@@ -222,6 +222,3 @@ class ClassifierBackend(Backend):
         """:class:`Offload` (ops or nodes on the accelerator) after load."""
 
 
-def one_line(exc: BaseException, limit: int = 400) -> str:
-    """A native error message on one line (native runtimes' messages span several), at most ``limit`` characters."""
-    return " ".join(str(exc).split())[:limit]

@@ -30,8 +30,8 @@ from typing import Any
 import numpy as np
 
 from devices.backends import BackendName
-from runtime.backends.base import ClassifierBackend, Offload, TensorInfo, one_line
-from runtime.errors import BackendError, BadInput, MissingDependency
+from runtime.backends.base import ClassifierBackend, Offload, TensorInfo
+from runtime.errors import BackendError, BadInput, MissingDependency, one_line
 from runtime.model_files import check_tflite
 
 log = logging.getLogger(__name__)

@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from devices.backends import BackendName
-from runtime.backends.base import ClassifierBackend, Offload, TensorInfo, one_line
-from runtime.errors import BadInput, MissingDependency
+from runtime.backends.base import ClassifierBackend, Offload, TensorInfo
+from runtime.errors import BadInput, MissingDependency, one_line
 from runtime.model_files import check_onnx
 
 log = logging.getLogger(__name__)
