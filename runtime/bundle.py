@@ -18,18 +18,18 @@ visible (installed) before every checksum has been verified.
 from __future__ import annotations
 
 import enum
-import hashlib
 import json
 import math
 import os
 import re
-import stat
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 from devices.backends import BACKENDS, BackendName
 from runtime.errors import BadInput
+from runtime.files import open_regular, sha256_file, stat_regular
+from runtime.manifest_json import parse_json
 from runtime.sampling import INT32_MAX, SamplingParams
 
 FORMAT = "edgerun.bundle"
@@ -42,7 +42,6 @@ NAME_RE = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
 VERSION_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,63}")
 FILE_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")  # flat: no directories, no '..'
 ROLE_RE = re.compile(r"[a-z][a-z0-9_-]{0,31}")  # weights, labels, frontend, report, plot: a word, not text
-HASH_CHUNK = 1 << 20
 
 
 class ModelKind(str, enum.Enum):
@@ -386,87 +385,6 @@ class ModelFormat(str, enum.Enum):
 
 BACKEND_FORMAT = {name: ModelFormat(spec.model_format) for name, spec in BACKENDS.items()}  # the one format each backend loads
 
-MAX_JSON_DEPTH = 32  # objects and arrays inside each other; an honest manifest nests 4 deep
-MAX_INT_DIGITS = 20  # 2^64 - 1 has 20 digits; no manifest integer is larger
-
-
-def _json_int(text: str) -> int:
-    digits = len(text.lstrip("-"))
-    if digits > MAX_INT_DIGITS:  # int() itself refuses 4,300 digits with a ValueError, and is slow before that
-        raise BadInput(f"an integer of {digits} digits is out of range (at most {MAX_INT_DIGITS} digits)")
-    return int(text)
-
-
-def _json_float(text: str) -> float:
-    value = float(text)
-    if not math.isfinite(value):  # 1e400 parses to inf
-        raise BadInput(f"the number {text:.40} is out of the float range")
-    return value
-
-
-def _json_constant(name: str) -> float:
-    raise BadInput(f"{name} is not a number a manifest may hold (use a finite number)")
-
-
-def _json_path(path: tuple | None) -> str:
-    """``files[0].role`` from the (parent, key) chain the walk keeps; keys shown escaped, the whole kept short."""
-    parts: list[str] = []
-    while path is not None:
-        path, key = path
-        parts.append(f"[{key}]" if isinstance(key, int) else "." + key.encode("utf-8", "backslashreplace").decode())
-    text = "".join(reversed(parts)).lstrip(".") or "(top level)"
-    return text if len(text) <= 100 else text[:97] + "..."
-
-
-def _walk(data: Any, where: str) -> None:
-    """Refuses what parsed but no later step can take, walking every value and key without recursion:
-
-    * nesting deeper than MAX_JSON_DEPTH (a later recursive walk, to_json or asdict, would run out of stack);
-    * a string that is not Unicode text: JSON's ``\\ud800`` escape parses to a lone surrogate, which every
-      UTF-8 encode after it (a terminal, ``edgerun list``, a chat template handed to llama.cpp) fails on.
-    """
-    stack: list[tuple[Any, int, tuple | None]] = [(data, 1, None)]
-    while stack:
-        value, depth, path = stack.pop()
-        if isinstance(value, str):
-            _check_text(value, path, where, "string")
-        elif isinstance(value, (dict, list)):
-            if depth > MAX_JSON_DEPTH:
-                raise BadInput(f"{where}: manifest.json nests objects or arrays more than {MAX_JSON_DEPTH} levels deep")
-            for key, item in value.items() if isinstance(value, dict) else enumerate(value):
-                if isinstance(key, str):
-                    _check_text(key, (path, key), where, "key")
-                stack.append((item, depth + 1, (path, key)))
-
-
-def _check_text(text: str, path: tuple | None, where: str, what: str) -> None:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise BadInput(f"{where}: manifest.json: the {what} at {_json_path(path)} is not text: it holds a lone"
-                       f" surrogate {text[exc.start]!a} (half of a \\u escape pair); write the character as UTF-8"
-                       " or as a whole surrogate pair") from None
-
-
-def parse_json(raw: bytes, where: str) -> Any:
-    """Manifest JSON: UTF-8, finite numbers only, integers of at most 20 digits, at most 32 levels deep,
-    every string and key encodable text (no lone surrogates).
-
-    Every refusal is one BadInput line; nothing past these bounds reaches the fields' own checks,
-    and no later walk over the data (to_json, asdict) can run out of stack or fail to encode.
-    """
-    try:
-        data = json.loads(raw.decode("utf-8"), parse_int=_json_int, parse_float=_json_float, parse_constant=_json_constant)
-    except RecursionError:  # deeper than the interpreter's stack
-        raise BadInput(f"{where}: manifest.json nests objects or arrays more than {MAX_JSON_DEPTH} levels deep") from None
-    except BadInput as exc:
-        raise BadInput(f"{where}: manifest.json: {exc}") from None
-    except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
-        raise BadInput(f"{where}: manifest.json is not valid JSON ({exc})") from None
-    _walk(data, where)  # shallow enough to parse, yet too deep or not text for what comes after
-    return data
-
-
 def _object(data: dict[str, Any], key: str, where: str = "manifest") -> dict[str, Any]:
     value = data.get(key, {})
     if not isinstance(value, dict):
@@ -590,71 +508,6 @@ class Manifest:
             return cls.from_dict(data)
         except BadInput as exc:
             raise BadInput(f"{where}: {exc}") from None
-
-
-def sha256_stream(src: BinaryIO, dst: BinaryIO | None = None, limit: int | None = None) -> tuple[str, int]:
-    """Hash (and optionally copy) a stream; returns (hex digest, bytes read).
-
-    ``limit`` bounds the bytes read: give a file's declared size + 1, and a longer
-    file stops at that byte instead of being read (and copied) to its end.
-    """
-    digest = hashlib.sha256()
-    n = 0
-    while True:
-        want = HASH_CHUNK if limit is None else min(HASH_CHUNK, limit - n)
-        if want <= 0:
-            break
-        block = src.read(want)
-        if not block:
-            break
-        digest.update(block)
-        if dst is not None:
-            dst.write(block)
-        n += len(block)
-    return digest.hexdigest(), n
-
-
-_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
-          (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
-
-
-def file_kind(mode: int) -> str:
-    """What a stat mode names, for messages: 'a regular file', 'a FIFO', ..."""
-    return next((name for test, name in _KINDS if test(mode)), "a regular file" if stat.S_ISREG(mode) else "not a file")
-
-
-def stat_regular(path: Path | str, what: str = "file") -> os.stat_result:
-    """stat() a path (following links) and refuse anything but a regular file, without opening it."""
-    try:
-        st = os.stat(path)
-    except (FileNotFoundError, NotADirectoryError):
-        raise BadInput(f"{path}: no such {what}") from None
-    except OSError as exc:
-        raise BadInput(f"{path}: cannot read this {what} ({exc.strerror})") from None
-    if not stat.S_ISREG(st.st_mode):
-        raise BadInput(f"{path}: is {file_kind(st.st_mode)}, not a regular file; give a regular {what}")
-    return st
-
-
-def open_regular(path: Path | str, what: str = "file") -> BinaryIO:
-    """Open a regular file for reading. A FIFO or device is refused after stat(), before any
-    blocking open; O_NONBLOCK covers a swap between the two, and fstat() checks what was opened."""
-    stat_regular(path, what)
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError as exc:
-        raise BadInput(f"{path}: cannot read this {what} ({exc.strerror})") from None
-    mode = os.fstat(fd).st_mode
-    if not stat.S_ISREG(mode):
-        os.close(fd)
-        raise BadInput(f"{path}: is {file_kind(mode)}, not a regular file; give a regular {what}")
-    os.set_blocking(fd, True)
-    return os.fdopen(fd, "rb")
-
-
-def sha256_file(path: Path, limit: int | None = None) -> tuple[str, int]:
-    with open_regular(path) as fh:
-        return sha256_stream(fh, limit=limit)
 
 
 def read_manifest_dir(directory: Path) -> Manifest:

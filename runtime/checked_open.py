@@ -28,8 +28,8 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Protocol, TypeVar
 
-from runtime.bundle import file_kind
 from runtime.errors import BadInput, EdgerunError
+from runtime.files import file_kind
 
 Identity = tuple[int, int, int, int, int]  # st_dev, st_ino, st_size, st_mtime_ns, st_ctime_ns
 PROC_FD = "/proc/self/fd"

@@ -27,8 +27,8 @@ from typing import Any
 
 from gguf.constants import GGML_QUANT_SIZES, GGUF_DEFAULT_ALIGNMENT, GGUF_MAGIC, GGMLQuantizationType, GGUFValueType
 
-from runtime.bundle import open_regular
 from runtime.errors import BadInput
+from runtime.files import open_regular
 from runtime.gguf_checks import check_architecture, check_vocabulary
 from runtime.gguf_info import ArrayInfo, GGUFInfo, TensorInfo
 

@@ -12,8 +12,9 @@ from pathlib import Path
 
 import numpy as np
 
-from runtime.bundle import ColorOrder, Layout, ResizeMode, TensorQuant, VisionSpec, open_regular
+from runtime.bundle import ColorOrder, Layout, ResizeMode, TensorQuant, VisionSpec
 from runtime.errors import BadInput, missing
+from runtime.files import open_regular
 
 MAX_IMAGE_PIXELS = 64 << 20  # refuse decompression bombs before decoding
 

@@ -20,8 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from devices.backends import BackendName
-from runtime.bundle import FileEntry, LLMSpec, Manifest, ModelKind, check_name, check_version, sha256_stream
+from runtime.bundle import FileEntry, LLMSpec, Manifest, ModelKind, check_name, check_version
 from runtime.errors import BadInput, MissingDependency
+from runtime.files import sha256_stream
 from runtime.gguf_file import GGUFInfo, read_gguf
 
 WEIGHTS_FILE = "model.gguf"

@@ -31,9 +31,10 @@ from pathlib import Path
 from typing import TypeVar
 
 from runtime import recipes
-from runtime.bundle import FileEntry, Manifest, file_kind, name_from, open_regular, read_manifest_dir, sha256_file
+from runtime.bundle import FileEntry, Manifest, name_from, read_manifest_dir
 from runtime.checked_open import Closable, Identity, identity, load_verified, opened
 from runtime.errors import BadInput
+from runtime.files import file_kind, open_regular, sha256_file
 from runtime.gguf_file import read_gguf
 from runtime.stamps import Stamps, check_bundle
 from runtime.store import Store, parse_ref

@@ -21,9 +21,10 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from runtime.bundle import Manifest, bundle_files, hash_files, parse_json
+from runtime.bundle import Manifest, bundle_files, hash_files
 from runtime.checked_open import Identity, identity, opened
 from runtime.errors import BadInput
+from runtime.manifest_json import parse_json
 
 log = logging.getLogger(__name__)
 MAX_STAMP_BYTES = 1 << 20  # a stamp holds a path and five numbers per file

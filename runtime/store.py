@@ -31,20 +31,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from runtime.bundle import (
-    EXTENSION,
-    MANIFEST,
-    MAX_MANIFEST_BYTES,
-    Manifest,
-    bundle_files,
-    check_name,
-    check_version,
-    file_kind,
-    open_regular,
-    read_manifest_dir,
-    sha256_stream,
-)
+from runtime.bundle import EXTENSION, MANIFEST, MAX_MANIFEST_BYTES, Manifest, bundle_files, check_name, check_version, read_manifest_dir
 from runtime.errors import BadInput
+from runtime.files import file_kind, open_regular, sha256_stream
 from runtime.stamps import Stamps, record_bundle
 from runtime.units import fmt_bytes
 

@@ -24,8 +24,9 @@ from converters.llm.loadcheck import check_loads
 from converters.llm.options import ConvertOptions, Quant
 from converters.llm.quality import DEFAULT_TEXT, QualityReport, evaluate, plot_kl, require_plotting
 from converters.llm.quantize import quantize
-from runtime.bundle import FileEntry, Manifest, check_name, check_version, name_from, sha256_file
+from runtime.bundle import FileEntry, Manifest, check_name, check_version, name_from
 from runtime.errors import BadInput, QualityGateFailed
+from runtime.files import sha256_file
 from runtime.gguf_file import read_gguf
 from runtime.recipes import WEIGHTS_FILE, llm_manifest
 from runtime.store import publish

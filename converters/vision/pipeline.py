@@ -27,19 +27,9 @@ from converters.vision import gate
 from converters.vision.recipes import Choice, Format, QuantScheme, Rounding, choose
 from converters.vision.source import Source, SourceKind, load_source
 from devices.backends import for_format
-from runtime.bundle import (
-    ColorOrder,
-    FileEntry,
-    Layout,
-    Manifest,
-    ModelKind,
-    ResizeMode,
-    VisionSpec,
-    check_name,
-    check_version,
-    sha256_file,
-)
+from runtime.bundle import ColorOrder, FileEntry, Layout, Manifest, ModelKind, ResizeMode, VisionSpec, check_name, check_version
 from runtime.errors import BadInput, QualityGateFailed
+from runtime.files import sha256_file
 from runtime.preprocess import log_softmax
 from runtime.store import publish
 

@@ -99,7 +99,7 @@ def vision_bundle(directory: Path, fmt: str, size: int = 8) -> Path:
     """A vision bundle folder around image_tflite / image_onnx: float input, stretch resize, 10 labels."""
     import json
 
-    from runtime.bundle import sha256_file
+    from runtime.files import sha256_file
 
     directory.mkdir(parents=True)
     model = (image_tflite if fmt == "tflite" else image_onnx)(directory / f"model.{fmt}", size)

@@ -36,7 +36,7 @@ def _wake_word_bundle(directory: Path) -> Path:
     from onnx import helper
 
     from converters.audio import zoo
-    from runtime.bundle import sha256_file
+    from runtime.files import sha256_file
 
     directory.mkdir()
     w = np.random.default_rng(0).standard_normal((16 * 96, 1)).astype(np.float32) / 40

@@ -210,13 +210,13 @@ def test_an_image_that_is_a_fifo_is_refused_without_blocking(tmp_path: Path, mon
     FIFO was "no such image file"). It now opens through open_regular: no blocking open, and fstat() decides."""
     import os
 
-    import runtime.bundle
+    import runtime.files
     from runtime.preprocess import load_rgb
 
     fifo = tmp_path / "in.png"
     os.mkfifo(fifo)
     if raced:  # stat() saw a regular file; the FIFO is what gets opened
-        monkeypatch.setattr(runtime.bundle, "stat_regular", lambda path, what="file": None)
+        monkeypatch.setattr(runtime.files, "stat_regular", lambda path, what="file": None)
     with pytest.raises(BadInput, match=r"in.png: is a FIFO, not a regular file; give a regular image file$"):
         load_rgb(fifo)
     with pytest.raises(BadInput, match=r": is a directory, not a regular file"):

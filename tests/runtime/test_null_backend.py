@@ -13,8 +13,8 @@ import pytest
 from apps.cli import main as edgerun
 from runtime.backends.base import TensorInfo
 from runtime.backends.null import NullBackend
-from runtime.bundle import sha256_file
 from runtime.errors import BadInput
+from runtime.files import sha256_file
 
 IMAGE_IN = TensorInfo("input", (-1, 8, 8, 3), "float32")
 LOGITS = TensorInfo("output", (-1, 10), "float32")

@@ -73,7 +73,7 @@ def test_the_onnx_checker_message_is_folded_to_one_line(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_a_model_the_onnx_checker_rejects_is_one_line_on_stderr(tmp_path: Path) -> None:
-    from runtime.bundle import sha256_file
+    from runtime.files import sha256_file
 
     bundle = vision_bundle(tmp_path / "bundle", "onnx")
     model = _unknown_op(bundle / "model.onnx")

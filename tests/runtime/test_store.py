@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 
 from apps.cli import main as cli
-from runtime.bundle import MANIFEST, FileEntry, Manifest, sha256_file
+from runtime.bundle import MANIFEST, FileEntry, Manifest
 from runtime.errors import BadInput
+from runtime.files import sha256_file
 from runtime.gguf_file import read_gguf
 from runtime.recipes import llm_manifest
 from runtime.store import Store, pack
