@@ -23,6 +23,7 @@ import numpy as np
 from devices.backends import BackendName
 from runtime.backends.base import ClassifierBackend, Offload, TensorInfo
 from runtime.errors import BadInput
+from runtime.files import open_regular
 
 MAX_MODEL_BYTES = 64 << 10  # two tensor descriptions
 DTYPES = ("float32", "int8", "uint8")
@@ -54,7 +55,8 @@ class NullBackend(ClassifierBackend):
     def __init__(self, path: Path, *, threads: int = 1) -> None:
         where = str(path)
         try:
-            raw = path.read_bytes()[: MAX_MODEL_BYTES + 1]
+            with open_regular(path, "null model") as fh:  # a FIFO is refused, not waited on; a huge file is not read whole
+                raw = fh.read(MAX_MODEL_BYTES + 1)
         except OSError as exc:
             raise BadInput(f"{where}: cannot read the model ({exc.strerror})") from None
         if len(raw) > MAX_MODEL_BYTES:

@@ -130,3 +130,12 @@ def test_null_backend_imports_no_native_library() -> None:
             "print(bad); sys.exit(1 if bad else 0)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=Path(__file__).resolve().parents[2])
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_a_fifo_as_the_null_model_is_refused_not_waited_on(tmp_path: Path) -> None:
+    # read_bytes() on a FIFO blocked until a writer came; the model is now opened as a regular file only
+    import os
+
+    os.mkfifo(tmp_path / "m")
+    with pytest.raises(BadInput, match=r"m: is a FIFO, not a regular file; give a regular null model$"):
+        NullBackend(tmp_path / "m")
