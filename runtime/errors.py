@@ -50,6 +50,29 @@ class QualityGateFailed(EdgerunError):
     exit_code = 7
 
 
+class QueueFull(EdgerunError):
+    """A bounded queue refused work at once (never blocks); ``retry_after`` is the seconds to wait before trying
+    again, estimated from the recent service rate (HTTP: 429 with ``Retry-After``)."""
+
+    exit_code = 8
+
+    def __init__(self, message: str, retry_after: float) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class DeadlineExceeded(EdgerunError):
+    """A request's deadline passed before its work finished; it was taken out of the queue or its slot (HTTP: 504)."""
+
+    exit_code = 9
+
+
+class Cancelled(EdgerunError):
+    """A request was cancelled (by its caller, a client that went away, or a shutdown) before its work finished."""
+
+    exit_code = 10
+
+
 def missing(module: str, extra: str) -> MissingDependency:
     """The error for an optional package that is not installed."""
     return MissingDependency(
