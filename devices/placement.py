@@ -25,12 +25,13 @@ from typing import Protocol
 from devices.accelerators import AcceleratorKind
 from devices.backends import BACKENDS, BackendName
 from devices.capabilities import GPU_PROVIDERS, NPU_PROVIDERS, BackendCaps, probe
-from devices.cpu import GGML_MAX_N_THREADS, max_threads
+from devices.cpu import GGML_MAX_N_THREADS, CpuInfo, max_threads, read_cpu
 from devices.machine import Machine, detect
+from devices.rootfs import RootFS
 from devices.target import Target
 from runtime.errors import BadInput, MissingDependency, PlacementError
 
-__all__ = ["OffloadReport", "Placement", "Target", "resolve_placement", "ALL_LAYERS"]
+__all__ = ["OffloadReport", "Placement", "Target", "resolve_placement", "cpu_placement", "ALL_LAYERS"]
 
 # llama.cpp clamps n_gpu_layers to the model's layer count; this asks for "all" when
 # the count is not known yet.
@@ -69,6 +70,7 @@ class Placement:
     delegate: str | None  # LiteRT delegate library, None for the built-in CPU (XNNPACK) path
     providers: tuple[str, ...]  # ORT execution providers, in order; () for other backends
     fallback: tuple[str, ...]  # one line per fallback step, empty when the request was honoured
+    cpu: CpuInfo  # the CPU it runs on: its features choose kernels (ORT's exact INT8 ones on x86 without VNNI)
     notes: tuple[str, ...] = ()  # other decisions worth reporting (threads reduced for load)
     offload: OffloadReport | None = None  # filled in after load by the runtime
     # These threads and the busy ones (the load average's, a resident llama.cpp model's) are more than the usable
@@ -225,8 +227,23 @@ def resolve_placement(
         delegate=step.delegate,
         providers=step.providers,
         fallback=tuple(fallback),
+        cpu=machine.cpu,
         notes=tuple(notes),
         shares_cores=shares_cores,
+    )
+
+
+def cpu_placement(backend: BackendName | str, threads: int = 1, *, shares_cores: bool = False,
+                  cpu: CpuInfo | None = None) -> Placement:
+    """``backend`` on the CPU with ``threads``, outside the resolve chain: what a conversion gate or a test runs a
+    model with where it is, and the audio front end beside a placed classifier. ``cpu``: default this machine's."""
+    kind = BackendName.parse(backend)
+    if not isinstance(threads, int) or isinstance(threads, bool) or threads < 1:
+        raise BadInput(f"threads={threads!r} is invalid; give a positive integer")
+    return Placement(
+        backend=kind.value, requested=Target.CPU, target=Target.CPU, device="cpu", threads=threads, gpu_layers=0,
+        delegate=None, providers=("CPUExecutionProvider",) if kind is BackendName.ORT else (), fallback=(),
+        cpu=cpu or read_cpu(RootFS.at("/")), shares_cores=shares_cores,
     )
 
 

@@ -50,9 +50,9 @@ def open_llm(
             n_layers = int(info.arch_value("block_count", 0) or 0)
             placement = resolve_placement(BackendName.LLAMACPP, target, require_accelerator=require_accelerator, threads=threads,
                                           n_layers=n_layers)
-            from runtime.backends import backend_class  # imports llama.cpp only now, once placement allowed it
+            from runtime.backends import open_backend  # imports llama.cpp only now, once placement allowed it
 
-            backend = backend_class(BackendName.LLAMACPP)(weights, plan, threads=placement.threads, gpu_layers=placement.gpu_layers)
+            backend = open_backend(BackendName.LLAMACPP, weights, plan, placement)
             undo.callback(backend.close)
         placement = placement.loaded(backend.offload(), require_accelerator=require_accelerator)  # measured by llama.cpp
         undo.pop_all()

@@ -7,6 +7,11 @@ asks the backend to decode, remove, shift, save and restore them.
 
 A classifier backend (LiteRT, ONNX Runtime) runs one input tensor to one output
 tensor; runtime/classifier.py does the pre- and post-processing around it.
+
+Every backend is built the same way, ``cls(path, plan, placement)`` (runtime.backends.open_backend, from the
+one table devices.backends.BACKENDS): the model file, its memory plan (None where the backend sizes nothing by
+it) and the resolved placement, which tells it its threads, GPU layers, delegate, execution providers and CPU.
+A backend reads these from :class:`Placed`; it never reads the machine itself nor imports devices.placement.
 """
 
 from __future__ import annotations
@@ -14,10 +19,36 @@ from __future__ import annotations
 import abc
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from runtime.errors import BackendError, BadInput, EdgerunError, one_line
 from runtime.sampling import SamplingParams
+
+
+class CpuFeatures(Protocol):
+    """The CPU a backend runs on, as it reads it (devices.cpu.CpuInfo)."""
+
+    @property
+    def arch(self) -> str: ...  # "x86_64", "aarch64", ...
+    @property
+    def int8_dot(self) -> bool: ...  # 8-bit dot-product instructions (x86 VNNI, ARM dotprod)
+
+
+class Placed(Protocol):
+    """What a backend is told about where it runs: devices.placement.Placement, read structurally."""
+
+    @property
+    def threads(self) -> int: ...  # CPU threads: llama.cpp n_threads, LiteRT num_threads, ORT intra-op
+    @property
+    def gpu_layers(self) -> int: ...  # llama.cpp n_gpu_layers; 0 elsewhere
+    @property
+    def delegate(self) -> str | None: ...  # LiteRT delegate library; None for the built-in CPU path
+    @property
+    def providers(self) -> tuple[str, ...]: ...  # ORT execution providers, in order; () means the CPU's
+    @property
+    def shares_cores(self) -> bool: ...  # other work needs these cores: idle threads must not spin
+    @property
+    def cpu(self) -> CpuFeatures: ...
 
 
 @dataclass(frozen=True)

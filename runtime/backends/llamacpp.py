@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from devices.backends import BackendName
-from runtime.backends.base import LLMBackend, Offload, SpecialToken
+from runtime.backends.base import LLMBackend, Offload, Placed, SpecialToken
 from runtime.errors import BackendError, missing
 from runtime.plan import MemoryPlan
 from runtime.sampling import SamplingParams
@@ -82,7 +82,9 @@ def gpu_offload_supported() -> bool:
 class LlamaCppBackend(LLMBackend):
     name = BackendName.LLAMACPP.value
 
-    def __init__(self, path: Path, plan: MemoryPlan, *, threads: int, gpu_layers: int = 0, native_log: bool = False) -> None:
+    def __init__(self, path: Path, plan: MemoryPlan, placement: Placed, *, native_log: bool = False) -> None:
+        """The GGUF at ``path`` with ``plan``'s context and KV cache, on ``placement``'s threads and GPU layers."""
+        threads, gpu_layers = placement.threads, placement.gpu_layers
         try:
             with _layer_devices(native_log) as self._layer_devices:
                 self._llm = Llama(

@@ -7,6 +7,7 @@ import re
 
 import pytest
 
+from devices.placement import cpu_placement
 from runtime.backends.llamacpp import LlamaCppBackend
 from runtime.errors import BadInput
 from runtime.gguf_file import read_gguf
@@ -25,7 +26,7 @@ def llm(smollm):
 
 def _native_kv_bytes(capsys, path, plan) -> int:
     """Sum of the KV buffers llama.cpp itself reports while loading."""
-    with LlamaCppBackend(path, plan, threads=1, native_log=True):
+    with LlamaCppBackend(path, plan, cpu_placement("llamacpp"), native_log=True):
         pass
     err = capsys.readouterr().err
     sizes = [float(x) for x in re.findall(r"llama_kv_cache: size = +([\d.]+) MiB", err)]

@@ -7,6 +7,7 @@ delegate, and an Edge TPU placement given a model that edgetpu_compiler never sa
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 
@@ -15,7 +16,7 @@ import pytest
 from devices.backends import BackendName
 from devices.capabilities import BackendCaps
 from devices.machine import detect
-from devices.placement import ALL_LAYERS, Target, resolve_placement
+from devices.placement import ALL_LAYERS, Target, cpu_placement, resolve_placement
 from runtime.backends.base import Offload
 from runtime.backends.litert import LiteRTBackend
 from runtime.backends.ort import ORTBackend
@@ -39,7 +40,8 @@ def test_llamacpp_reports_the_layers_llama_cpp_placed(smollm) -> None:
     from runtime.plan import plan_llm
 
     plan = plan_llm(read_gguf(smollm.path()), GiB, ctx=512)
-    with LlamaCppBackend(smollm.path(), plan, threads=1, gpu_layers=ALL_LAYERS) as backend:  # every layer asked for
+    every_layer = dataclasses.replace(cpu_placement("llamacpp"), gpu_layers=ALL_LAYERS)  # every layer asked for
+    with LlamaCppBackend(smollm.path(), plan, every_layer) as backend:
         offload = backend.offload()
     # SmolLM2-135M: 30 repeating layers and the output layer, each on the device llama.cpp's log gave it.
     assert offload.measured and offload.total == 31 and sum(n for _, n in offload.by_device) == 31

@@ -5,6 +5,7 @@ match nothing, as with a llama.cpp whose log says it otherwise) and, for the GPU
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 
@@ -13,7 +14,7 @@ import pytest
 from devices.backends import BackendName
 from devices.capabilities import BackendCaps
 from devices.machine import detect
-from devices.placement import ALL_LAYERS, resolve_placement
+from devices.placement import ALL_LAYERS, cpu_placement, resolve_placement
 from runtime.backends.base import Offload
 from tests.devices.conftest import FIXTURES
 
@@ -29,7 +30,8 @@ def _load_with_a_silent_log(smollm, monkeypatch: pytest.MonkeyPatch, *, gpu_buil
     monkeypatch.setattr(llamacpp, "LAYER_DEVICE", re.compile(rb"(?!)(\d+)(\S+)"))  # matches no log line
     monkeypatch.setattr(llamacpp, "gpu_offload_supported", lambda: gpu_build)
     plan = plan_llm(read_gguf(smollm.path()), GiB, ctx=512)
-    with llamacpp.LlamaCppBackend(smollm.path(), plan, threads=1, gpu_layers=ALL_LAYERS) as backend:
+    every_layer = dataclasses.replace(cpu_placement("llamacpp"), gpu_layers=ALL_LAYERS)
+    with llamacpp.LlamaCppBackend(smollm.path(), plan, every_layer) as backend:
         return backend.offload()
 
 
