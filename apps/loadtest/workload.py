@@ -14,10 +14,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from runtime.errors import BadInput
+from runtime.scheduler import Priority
 
 MAX_PROMPTS_BYTES = 16 * 2**20  # a load test needs variety, not a corpus
 MAX_PROMPTS = 100_000
-PRIORITIES = ("urgent", "interactive", "batch")  # the server's X-Priority values, best first
+PRIORITIES = tuple(p.name.lower() for p in Priority)  # the server's X-Priority values, best first
 
 BUILT_IN = (
     "Explain in a few sentences how a heat pump works.",
