@@ -1,0 +1,193 @@
+"""The residency manager's loaders: plan a model against the whole budget, then load it with its share.
+
+Each loader keeps the plan it made for a spec, so the load opens the same verified files and asks its
+planner for the same plan (same context, KV type, prefix cache, batch) within ``budget`` = the plan's
+total plus that share's reserve; it checks that the loaded object's own plan total equals what was
+planned, and closes it and raises BackendError if not: the manager's sum must be the truth.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from devices.backends import BackendName
+from runtime.bundle import ModelKind
+from runtime.errors import BackendError, BadInput
+from runtime.resolve import resolve
+from runtime.units import fmt_bytes
+
+log = logging.getLogger(__name__)
+
+
+def _key(spec: Any) -> tuple[Any, ...]:
+    return spec.name, spec.ref, spec.kind, tuple(sorted((k, repr(v)) for k, v in spec.options.items()))
+
+
+def _options(spec: Any, valid: tuple[str, ...]) -> dict[str, Any]:
+    bad = sorted(set(spec.options) - set(valid))
+    if bad:
+        raise BadInput(f"{spec.name}: unknown {spec.kind} option {', '.join(map(repr, bad))} (valid: {', '.join(valid)})")
+    return dict(spec.options)
+
+
+def _agrees(spec: Any, obj: Any, planned: int) -> Any:
+    got = getattr(getattr(obj, "plan", None), "total_bytes", None)
+    if got != planned:
+        obj.close()
+        raise BackendError(f"{spec.name}: loaded with a plan of {fmt_bytes(got or 0)}, not the {fmt_bytes(planned)} "
+                           "it was admitted with; refused")
+    return obj
+
+
+def _engine() -> Any:
+    """runtime.engine.Engine (continuous batching) when it is there and the planner plans its slots, else None."""
+    from runtime.plan import plan_llm
+
+    try:
+        from runtime.engine import Engine
+    except ImportError:
+        return None
+    return Engine if "slots" in inspect.signature(plan_llm).parameters else None
+
+
+class LLMLoader:
+    """kind "llm": a GGUF model, as runtime.engine.Engine when present (else runtime.llm.LLM).
+    Options: ctx (per slot with the engine), slots (engine only), threads, kv_type, prefix_cache_bytes."""
+
+    OPTIONS = ("ctx", "slots", "threads", "kv_type", "prefix_cache_bytes")
+
+    def __init__(self) -> None:
+        self._plans: dict[tuple[Any, ...], tuple[Any, Any]] = {}
+
+    def plan_bytes(self, spec: Any, budget: int) -> int:
+        from runtime.gguf_file import read_gguf
+        from runtime.plan import KVType, plan_llm
+
+        opts = _options(spec, self.OPTIONS)
+        model = resolve(spec.ref)
+        manifest = model.manifest
+        if manifest.kind != ModelKind.LLM or manifest.backend != BackendName.LLAMACPP:
+            raise BadInput(f"{spec.name}: {manifest.ref} is a {manifest.kind.value} model, not kind 'llm'")
+        with model.opened(manifest.file("weights").path) as (weights,):  # the file that was verified (runtime.loader)
+            info = read_gguf(weights)
+        extra = {"slots": self._slots(opts)} if _engine() is not None else {}
+        kv = KVType(opts["kv_type"]) if opts.get("kv_type") is not None else None
+        plan = plan_llm(info, budget, name=manifest.ref, ctx=opts.get("ctx"), kv_type=kv,
+                        prefix_cache_bytes=opts.get("prefix_cache_bytes"), **extra)
+        self._plans[_key(spec)] = (model, plan)
+        return plan.total_bytes
+
+    def shared_bytes(self, spec: Any) -> Mapping[str, int]:
+        return {BackendName.LLAMACPP.value: self._plans[_key(spec)][1].runtime_bytes}
+
+    def load(self, spec: Any, budget: int) -> Any:
+        if _key(spec) not in self._plans:
+            self.plan_bytes(spec, budget)
+        model, plan = self._plans[_key(spec)]
+        opts = dict(spec.options)
+        # The planner's own choices, so that it makes this plan again within the smaller budget.
+        common = {"memory": budget, "ctx": opts.get("ctx"), "threads": opts.get("threads"), "kv_type": plan.kv_type,
+                  "prefix_cache_bytes": plan.prefix_cache_bytes}
+        engine = _engine()
+        if engine is not None:
+            obj = engine.load(model, slots=self._slots(opts), **common)
+        else:
+            from runtime.llm import LLM
+
+            obj = LLM.load(model, **common)
+        return _agrees(spec, obj, plan.total_bytes)
+
+    @staticmethod
+    def _slots(opts: Mapping[str, Any]) -> int:
+        if "slots" in opts:
+            return int(opts["slots"])
+        engine = _engine()
+        return int(inspect.signature(engine.load).parameters["slots"].default) if engine is not None else 1
+
+
+class VisionLoader:
+    """kind "vision": runtime.classifier.Classifier. Options: batch, threads, target."""
+
+    OPTIONS = ("batch", "threads", "target")
+
+    def __init__(self) -> None:
+        self._plans: dict[tuple[Any, ...], Any] = {}
+
+    def plan_bytes(self, spec: Any, budget: int) -> int:
+        from runtime.vision_plan import plan_classifier
+
+        opts = _options(spec, self.OPTIONS)
+        manifest = resolve(spec.ref).manifest
+        if manifest.kind != ModelKind.VISION:
+            raise BadInput(f"{spec.name}: {manifest.ref} is a {manifest.kind.value} bundle, not kind 'vision'")
+        plan = plan_classifier(manifest, manifest.file("weights").size, budget, batch=int(opts.get("batch", 1)))
+        self._plans[_key(spec)] = plan
+        return plan.total_bytes
+
+    def shared_bytes(self, spec: Any) -> Mapping[str, int]:
+        return _classifier_runtime(self._plans[_key(spec)])
+
+    def load(self, spec: Any, budget: int) -> Any:
+        from runtime.classifier import Classifier
+
+        planned = self.plan_bytes(spec, budget) if _key(spec) not in self._plans else self._plans[_key(spec)].total_bytes
+        opts = dict(spec.options)
+        obj = Classifier.load(spec.ref, memory=budget, batch=int(opts.get("batch", 1)), threads=opts.get("threads"),
+                              target=opts.get("target", "auto"))
+        return _agrees(spec, obj, planned)
+
+
+class AudioLoader:
+    """kind "audio": runtime.audio_classifier.AudioClassifier (planned for one segment, no input files).
+    Options: threads, target."""
+
+    OPTIONS = ("threads", "target")
+
+    def __init__(self) -> None:
+        self._plans: dict[tuple[Any, ...], Any] = {}
+
+    def plan_bytes(self, spec: Any, budget: int) -> int:
+        from runtime.audio_classifier import SEGMENT_WINDOWS, segment_bytes
+        from runtime.vision_plan import plan_classifier
+
+        _options(spec, self.OPTIONS)
+        manifest = resolve(spec.ref).manifest
+        audio = manifest.audio
+        if manifest.kind != ModelKind.AUDIO or audio is None:
+            raise BadInput(f"{spec.name}: {manifest.ref} is a {manifest.kind.value} bundle, not kind 'audio'")
+        sizes = {f.path: f.size for f in manifest.files}
+        weights = manifest.file("weights").size + sum(sizes[name] for name in audio.frontend_files)
+        # As AudioClassifier.load plans it (checked after the load by _agrees).
+        plan = plan_classifier(manifest, weights, budget, batch=SEGMENT_WINDOWS, input_bytes=segment_bytes(audio))
+        self._plans[_key(spec)] = plan
+        return plan.total_bytes
+
+    def shared_bytes(self, spec: Any) -> Mapping[str, int]:
+        return _classifier_runtime(self._plans[_key(spec)])
+
+    def load(self, spec: Any, budget: int) -> Any:
+        from runtime.audio_classifier import AudioClassifier
+
+        planned = self.plan_bytes(spec, budget) if _key(spec) not in self._plans else self._plans[_key(spec)].total_bytes
+        opts = dict(spec.options)
+        obj = AudioClassifier.load(spec.ref, memory=budget, threads=opts.get("threads"), target=opts.get("target", "auto"))
+        return _agrees(spec, obj, planned)
+
+
+def _classifier_runtime(plan: Any) -> dict[str, int]:
+    """A classifier plan's runtime term by library: its backend's, plus ONNX Runtime's for an audio front end."""
+    from runtime.vision_plan import RUNTIME_BYTES
+
+    backend = BackendName(plan.backend)
+    parts = {backend.value: RUNTIME_BYTES[backend]}
+    rest = plan.runtime_bytes - RUNTIME_BYTES[backend]
+    if rest > 0:
+        parts[BackendName.ORT.value] = rest
+    return {lib: size for lib, size in parts.items() if size > 0}
+
+
+def default_loaders() -> dict[str, Any]:
+    return {"llm": LLMLoader(), "vision": VisionLoader(), "audio": AudioLoader()}
