@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import re
+import threading
 import unicodedata
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -69,7 +70,8 @@ class Blocked(BadInput):
 
 class Filter(Protocol):
     """``check`` returns None to let ``text`` pass at ``stage``, a Verdict to block it. It must be thread-safe
-    (one chain serves every request)."""
+    (one chain serves every request). An optional ``stages`` attribute (a set of "input"/"output") says which
+    stages it checks; without one it is asked about both."""
 
     def check(self, text: str, stage: Stage) -> Verdict | None: ...
 
@@ -113,14 +115,15 @@ class Blocklist:
             raise BadInput(f"the blocklist has {len(cleaned)} entries; the limit is {MAX_WORDS}")
         self.words = [" ".join(parts) for parts in cleaned]
         self.stages = _stages(stages)
-        # Longest first, so a phrase wins over a word it starts with; \w boundaries on both ends (Unicode-aware).
-        alternatives = sorted((r"\s+".join(map(re.escape, parts)) for parts in cleaned), key=len, reverse=True)
-        self._re = re.compile(r"(?<!\w)(?:" + "|".join(alternatives) + r")(?!\w)", re.IGNORECASE) if alternatives else None
+        # Matched on case-folded text ("STRASSE" is "straße"); longest first, so a phrase wins over a word it
+        # starts with; \w boundaries on both ends (Unicode-aware).
+        alternatives = sorted((r"\s+".join(re.escape(p.casefold()) for p in parts) for parts in cleaned), key=len, reverse=True)
+        self._re = re.compile(r"(?<!\w)(?:" + "|".join(alternatives) + r")(?!\w)") if alternatives else None
 
     def check(self, text: str, stage: Stage) -> Verdict | None:
         if stage not in self.stages or self._re is None:
             return None
-        found = self._re.search(normalize(text))
+        found = self._re.search(normalize(text).casefold())
         if found is None:
             return None
         # Input is the client's own text, so naming the word helps them; output text is never echoed back.
@@ -204,9 +207,12 @@ class ClassifierFilter:
 class _BundleScorer:
     def __init__(self, classifier: Any, encode: Callable[[str], Any]) -> None:
         self.classifier, self.encode, self.labels = classifier, encode, list(classifier.labels)
+        self._lock = threading.Lock()  # one chain serves every request; a LiteRT interpreter is not re-entrant
 
     def __call__(self, text: str) -> dict[str, float]:
-        row = self.classifier.scores(self.encode(text))[0]
+        x = self.encode(text)
+        with self._lock:
+            row = self.classifier.scores(x)[0]
         return {label: float(score) for label, score in zip(self.labels, row, strict=True)}
 
 
@@ -227,6 +233,9 @@ class FilterChain:
         for f in self.filters:
             if not callable(getattr(f, "check", None)):
                 raise BadInput(f"{type(f).__name__} is not a filter (it has no check(text, stage) method)")
+        # A filter without a ``stages`` attribute is taken to check both. With none for the output, streamed text
+        # is not held back at all (the default chain, a size limit, costs streaming nothing).
+        self.checks_output = any("output" in getattr(f, "stages", STAGES) for f in self.filters)
 
     def check(self, text: str, stage: Stage) -> Verdict | None:
         for f in self.filters:
@@ -250,7 +259,8 @@ class StreamChecker:
     """Checks streamed output one completed sentence at a time. One per response; not shared between threads.
 
     ``feed(piece)`` returns the text now safe to send (the sentences completed and passed so far), holding back
-    the unfinished one; ``finish()`` checks and returns the rest. Both raise Blocked, after which the checker
+    the unfinished one (nothing is held back when no filter of the chain checks output); ``finish()`` checks and
+    returns the rest. Both raise Blocked, after which the checker
     refuses more text (the response is over)."""
 
     def __init__(self, chain: FilterChain, *, max_sentence_chars: int = MAX_SENTENCE_CHARS) -> None:
@@ -261,6 +271,8 @@ class StreamChecker:
     def feed(self, piece: str) -> str:
         if self.blocked is not None:
             raise self.blocked
+        if not self.chain.checks_output:
+            return piece
         self._pending += piece
         cut = 0
         for end in _SENTENCE_END.finditer(self._pending):

@@ -47,9 +47,11 @@ def _stream(chain: FilterChain, pieces: list[str]) -> tuple[str, Blocked | None]
     ("the evil\n  plan", True),        # a phrase across any whitespace
     ("the evil planner", False),       # ...but still whole words
     ("évil plan", False),              # a letter with an accent is another word
+    ("STRASSE", True),                 # case folding, not only lower-casing: "straße" is on the list
+    ("straßenbahn", False),
 ])
 def test_blocklist_whole_words_case_insensitive(text: str, blocked: bool) -> None:
-    chain = FilterChain([Blocklist(["bad", "evil plan"])])
+    chain = FilterChain([Blocklist(["bad", "evil plan", "Straße"])])
     if blocked:
         with pytest.raises(Blocked) as info:
             chain.check_input(text)
@@ -120,6 +122,13 @@ def test_clean_stream_comes_out_whole_and_sentence_by_sentence() -> None:
 def test_substring_of_a_longer_word_in_output_does_not_block() -> None:
     sent, blocked = _stream(FilterChain([Blocklist(["ass"])]), ["The cl", "ass assi", "stant passed. "])
     assert blocked is None and sent == "The class assistant passed. "
+
+
+def test_without_output_filters_nothing_is_held_back() -> None:
+    # The default chain is a size limit on the input: streaming must not wait for sentence ends then.
+    checker = FilterChain([SizeLimit(100)]).stream_checker()
+    assert [checker.feed(p) for p in ("Hel", "lo", " there")] == ["Hel", "lo", " there"] and checker.finish() == ""
+    assert FilterChain([SizeLimit(100, stages=["input", "output"])]).stream_checker().feed("Hel") == ""
 
 
 def test_a_blocked_checker_stays_blocked() -> None:
