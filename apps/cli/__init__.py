@@ -33,6 +33,7 @@ COMMANDS: dict[str, str] = {
     "verify": "apps.cli.verify_cmd",
     "doctor": "apps.cli.doctor_cmd",
     "serial-peer": "apps.cli.serial_peer_cmd",
+    "serve": "apps.cli.serve_cmd",
     "loadtest": "apps.cli.loadtest_cmd",
 }
 

@@ -1,0 +1,111 @@
+"""POST /v1/classify?model=NAME[&top=K]: an image (Content-Type image/*) or a WAV (audio/wav) body in, labels and
+scores out, through a vision or audio bundle. Requests to one model are batched by runtime.batcher.DynamicBatcher
+(up to limits.classify_batch items or limits.classify_wait_ms after the first, whichever comes first)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from apps.server import openai_api as api
+from apps.server.outcome import Outcome
+from apps.server.request import deadline_of, priority_of, route_model
+from apps.server.security import ApiKey, read_body
+from runtime.batcher import DynamicBatcher
+from runtime.classifier import DEFAULT_TOP_K
+from runtime.errors import BadInput, EdgerunError
+
+WAV_TYPES = ("audio/wav", "audio/x-wav", "audio/wave", "audio/vnd.wave")
+MAX_TOP = 1000
+
+
+def body_kind(content_type: str) -> str:
+    media = content_type.split(";", 1)[0].strip().lower()
+    if media.startswith("image/"):
+        return "vision"
+    if media in WAV_TYPES:
+        return "audio"
+    raise BadInput(f"Content-Type {media or '(none)'!r} cannot be classified: send an image (image/png, image/jpeg...) "
+                   f"or a WAV file ({WAV_TYPES[0]})")
+
+
+def _top(text: str | None) -> int:
+    if text is None:
+        return DEFAULT_TOP_K
+    if not text.isdigit() or not 1 <= int(text[:6]) <= MAX_TOP:
+        raise BadInput(f"top {text[:20]!r} is not valid: use an integer from 1 to {MAX_TOP}")
+    return int(text)
+
+
+def decode(body: bytes, kind: str, model: Any) -> Any:
+    """The body as the model's input: RGB pixels or audio at the model's rate, through the same decoders and
+    checks as files on the command line (they read files, so the body is written to a private temporary one)."""
+    if not body:
+        raise BadInput("the request body is empty: send the image or WAV file itself as the body")
+    with tempfile.TemporaryDirectory(prefix="edgerun-classify-") as folder:
+        path = Path(folder) / ("body.wav" if kind == "audio" else "body.img")
+        path.write_bytes(body)
+        try:
+            if kind == "audio":
+                from runtime.audio import load_audio
+
+                return load_audio(path, model.spec.sample_rate)
+            from runtime.preprocess import load_rgb
+
+            return load_rgb(path)
+        except BadInput as exc:
+            raise BadInput(str(exc).replace(str(path), "the request body")) from None
+
+
+def make_batcher(name: str, model: Any, kind: str, limits: Any) -> DynamicBatcher:
+    if kind == "vision":
+        def run(items: list[tuple[Any, int]]) -> list[Any]:
+            k = max(top for _, top in items)
+            predictions = model.predict([image for image, _ in items], k)
+            return [p.to_dict()["labels"][:top] for p, (_, top) in zip(predictions, items, strict=True)]
+    else:
+        def run(items: list[tuple[Any, int]]) -> list[Any]:
+            return [model.classify(audio, "body", top).to_dict() for audio, top in items]
+    return DynamicBatcher(run, max_batch=limits.classify_batch, max_wait_ms=limits.classify_wait_ms,
+                          max_queued=limits.max_queued, name=f"classify-{name}")
+
+
+async def classify(request: Request, state: Any, key: ApiKey | None) -> Response:
+    limits = state.config.limits
+    kind = body_kind(request.headers.get("content-type", ""))
+    public = request.query_params.get("model")
+    if public is None:
+        raise BadInput("model is missing: POST /v1/classify?model=NAME with the image or WAV as the body")
+    served = route_model(state, public)
+    top = _top(request.query_params.get("top"))
+    priority = priority_of(request, request.query_params.get("priority"), key)
+    deadline = deadline_of(request, None, limits.deadline_ms)
+    rid = api.new_id("cls")
+    outcome = Outcome(state, rid, public, served, priority, client=key.label if key else None)
+    try:
+        body = await read_body(request, limits.max_body_bytes)
+        model_kind = state.models.kinds.get(served)
+        if model_kind != kind:
+            what = "an image" if kind == "vision" else "a WAV file"
+            raise BadInput(f"model {public!r} is {'an LLM' if model_kind == 'llm' else f'a {model_kind} model'}; "
+                           f"it cannot classify {what}")
+        with contextlib.ExitStack() as lease:  # a load on demand runs off the event loop
+            model = await run_in_threadpool(lease.enter_context, state.models.acquire(served))
+            item = await run_in_threadpool(decode, body, kind, model)
+            batcher = state.batcher(served, model, lambda: make_batcher(served, model, kind, limits))
+            future = batcher.submit((item, top), priority=priority, deadline=deadline)
+            result = await asyncio.wrap_future(future)
+    except EdgerunError as exc:
+        outcome.finish(error=exc)
+        raise
+    outcome.finish()
+    out = {"id": rid, "object": "classification", "model": public}
+    out.update({"labels": result} if kind == "vision" else {k: v for k, v in result.items() if k != "input"})
+    return JSONResponse(out)

@@ -1,0 +1,206 @@
+"""POST /v1/chat/completions and /v1/completions: a checked request onto the model's service, events back as JSON
+or SSE. A client that goes away cancels its generation; the model's lease is held until the answer ends."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from apps.server import openai_api as api
+from apps.server.outcome import Outcome
+from apps.server.request import deadline_of, disconnected, priority_of, route_model
+from apps.server.security import ApiKey, read_body
+from apps.server.sse import DONE, EventStream, event
+from runtime.errors import BackendError, Cancelled, EdgerunError
+
+log = logging.getLogger(__name__)
+
+
+def _model_version(model: Any) -> str:
+    manifest = getattr(getattr(model, "model", None), "manifest", None)
+    return str(getattr(manifest, "version", "")) if manifest is not None else ""
+
+
+async def generate(request: Request, state: Any, key: ApiKey | None, chat: bool) -> Response:
+    limits = state.config.limits
+    data = api.parse_json(await read_body(request, limits.max_body_bytes))
+    args = (api.parse_chat if chat else api.parse_completion)(data, limits.max_tokens)
+    served = route_model(state, args.model)
+    priority = priority_of(request, args.priority, key)
+    deadline = deadline_of(request, args.deadline_ms, limits.deadline_ms)
+    rid = api.new_id("chatcmpl" if chat else "cmpl")
+    client = key.label if key is not None else (f"{request.client.host}:{request.client.port}" if request.client else None)
+    outcome = Outcome(state, rid, args.model, served, priority, stream=args.stream, client=client)
+    try:
+        text_in = args.prompt if args.prompt is not None else "\n".join(m["content"] for m in args.messages or [])
+        state.filters.check_input(text_in)
+        lease = contextlib.ExitStack()
+        model = await run_in_threadpool(lease.enter_context, state.models.acquire(served))
+    except EdgerunError as exc:
+        outcome.finish(error=exc)
+        raise
+    try:
+        outcome.version = f"{served}@{_model_version(model)}"
+        svc = state.service(served, model)
+        params = svc.params(**args.sampling)
+        cache_key = _cache_key(state, request, outcome, chat, args, params, _model_version(model))
+        hit = state.cache.get(cache_key) if cache_key is not None else None
+        if hit is not None:
+            outcome.cache = "hit"
+            lease.close()
+            return _replay(chat, rid, args, hit, outcome)
+        handle, truncations = await run_in_threadpool(
+            svc.submit, messages=args.messages, prompt=args.prompt, params=params, priority=priority, deadline=deadline,
+            truncate=args.truncate)
+    except BaseException as exc:
+        lease.close()
+        outcome.finish(error=exc)
+        raise
+    run = _Run(state, request, handle, lease, outcome, cache_key)
+    try:
+        first = await run.next()  # an error before any text (queue deadline, refused prompt) keeps its HTTP status
+    except BaseException as exc:
+        run.close(error=exc)
+        raise
+    if first is None:  # the client went away
+        return Response(status_code=499)
+    headers = api.truncated_header(list(truncations))
+    if args.stream:
+        return EventStream(run.stream(chat, rid, args, first), headers)
+    return await run.whole(chat, rid, args, first, headers)
+
+
+def _cache_key(state: Any, request: Request, outcome: Outcome, chat: bool, args: api.GenArgs, params: Any,
+               version: str) -> str | None:
+    cache = state.cache
+    if cache is None:
+        return None
+    if "no-store" in request.headers.get("cache-control", "").lower():
+        outcome.cache = "skip"
+        return None
+    settings = dataclasses.asdict(params)
+    if not cache.cacheable(settings):
+        outcome.cache = "skip"
+        return None
+    outcome.cache = "miss"
+    return cache.key(f"{outcome.served}@{version}", settings, {"chat": chat, **args.cache_payload()})
+
+
+def _replay(chat: bool, rid: str, args: api.GenArgs, hit: tuple[str, Any], outcome: Outcome) -> Response:
+    text, result = hit
+    outcome.first_token()
+    outcome.finish(result=result)
+    headers = {"X-Edgerun-Cache": "hit", **api.truncated_header(list(result.truncations))}
+    if not args.stream:
+        return JSONResponse(api.completion(chat, rid, args.model, text, result), headers=headers)
+
+    async def body() -> AsyncIterator[bytes]:
+        yield event(api.chunk(chat, rid, args.model, text, first=True))
+        yield event(api.chunk(chat, rid, args.model, None, finish=api.FINISH.get(result.stop_reason, "stop")))
+        if args.include_usage:
+            yield event(api.usage_chunk(chat, rid, args.model, result))
+        yield DONE
+
+    return EventStream(body(), headers)
+
+
+class _Run:
+    """One submitted generation: its events, its lease, its outcome; closed exactly once."""
+
+    def __init__(self, state: Any, request: Request, handle: Any, lease: contextlib.ExitStack, outcome: Outcome,
+                 cache_key: str | None) -> None:
+        self.state, self.request, self.handle, self.lease, self.outcome = state, request, handle, lease, outcome
+        self.cache_key = cache_key
+        self.events = handle.aevents().__aiter__()
+        self.checker = state.filters.stream_checker()
+        self.closed = False
+
+    async def next(self) -> Any:
+        """The next event, or None when the client disconnected first (the generation is cancelled then)."""
+        step = asyncio.ensure_future(self.events.__anext__())
+        gone = asyncio.ensure_future(disconnected(self.request))
+        try:
+            done, _ = await asyncio.wait({step, gone}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+        if step not in done:
+            step.cancel()
+            self.close(error=Cancelled("the client disconnected"))
+            return None
+        ev = step.result()
+        if ev.kind == "error":
+            raise ev.error if ev.error is not None else BackendError("generation failed")
+        if ev.kind == "text":
+            self.outcome.first_token()
+        return ev
+
+    def close(self, *, result: Any = None, error: BaseException | None = None, text: str = "") -> None:
+        if self.closed:
+            return
+        self.closed = True
+        if result is None:
+            self.handle.cancel()  # frees its slot within one decode step
+        elif self.cache_key is not None and not result.truncations:
+            self.state.cache.put(self.cache_key, (text, result), len(text.encode()) + 512)
+        self.lease.close()
+        self.outcome.finish(result=result, error=error)
+
+    async def whole(self, chat: bool, rid: str, args: api.GenArgs, ev: Any, headers: dict[str, str]) -> Response:
+        parts: list[str] = []
+        try:
+            while ev.kind == "text":
+                parts.append(self.checker.feed(ev.text))
+                ev = await self.next()
+                if ev is None:
+                    return Response(status_code=499)
+            parts.append(self.checker.finish())
+        except BaseException as exc:
+            self.close(error=exc)
+            raise
+        text, result = "".join(parts), ev.result
+        self.close(result=result, text=text)
+        headers = {**headers, **api.truncated_header(list(result.truncations))}
+        return JSONResponse(api.completion(chat, rid, args.model, text, result), headers=headers)
+
+    async def stream(self, chat: bool, rid: str, args: api.GenArgs, ev: Any) -> AsyncIterator[bytes]:
+        parts: list[str] = []
+        try:
+            if chat:
+                yield event(api.chunk(chat, rid, args.model, "", first=True))
+            while ev.kind == "text":
+                safe = self.checker.feed(ev.text)
+                if safe:
+                    parts.append(safe)
+                    yield event(api.chunk(chat, rid, args.model, safe))
+                ev = await self.events.__anext__()  # Starlette cancels this task when the client disconnects
+                if ev.kind == "error":
+                    raise ev.error if ev.error is not None else BackendError("generation failed")
+            rest = self.checker.finish()
+            if rest:
+                parts.append(rest)
+                yield event(api.chunk(chat, rid, args.model, rest))
+            result = ev.result
+            yield event(api.chunk(chat, rid, args.model, None, finish=api.FINISH.get(result.stop_reason, "stop")))
+            if args.include_usage:
+                yield event(api.usage_chunk(chat, rid, args.model, result))
+            self.close(result=result, text="".join(parts))
+            yield DONE
+        except EdgerunError as exc:  # headers are sent: the error travels as an event, as OpenAI's streams do
+            self.close(error=exc)
+            yield event(api.error_body(exc))
+            yield DONE
+        except BaseException as exc:  # cancelled (the client went away) or a bug: the generation stops
+            self.close(error=Cancelled("the client disconnected") if isinstance(exc, asyncio.CancelledError) else exc)
+            raise
+        finally:
+            if not self.closed:  # the response was closed before the end (aclose on disconnect)
+                self.close(error=Cancelled("the client disconnected"))
+

@@ -1,0 +1,257 @@
+"""OpenAI's request and response shapes: bodies checked into :class:`GenArgs`, results turned back into JSON.
+
+Checks name the JSON field and what is valid, as OpenAI's own 400s do. Fields OpenAI clients send that change
+nothing here (``user``, ``logit_bias`` of ``{}``...) are ignored; fields that would change the answer in a way
+this server cannot honour (``n`` > 1, ``logprobs``, tools) are refused rather than silently dropped.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from starlette.responses import JSONResponse
+
+from apps.server.security import BodyTooLarge, Unauthorized
+from runtime.chat import ROLES
+from runtime.errors import BadInput, Cancelled, DeadlineExceeded, DoesNotFit, EdgerunError, QueueFull, one_line
+from runtime.generation import Result, Truncation
+from runtime.sampling import check
+
+SAMPLING_KEYS = ("max_tokens", "temperature", "top_p", "seed", "stop")
+REFUSED = {  # field -> (value that is fine, why another is refused)
+    "n": (1, "this server returns one choice: leave n out or set it to 1"),
+    "best_of": (1, "this server returns one choice: leave best_of out or set it to 1"),
+    "echo": (False, "echo is not supported"),
+    "logprobs": ((None, False), "logprobs are not supported"),
+    "tools": ((None, []), "tools are not supported"),
+    "functions": ((None, []), "functions are not supported"),
+}
+
+
+class UnknownModel(BadInput):
+    """A well-formed model name that this server does not serve (HTTP 404)."""
+
+
+class NotReady(EdgerunError):
+    """The server is starting or stopping (HTTP 503)."""
+
+
+@dataclass
+class GenArgs:
+    model: str
+    stream: bool = False
+    include_usage: bool = False
+    sampling: dict[str, Any] = field(default_factory=dict)  # checked overrides of the model's defaults
+    truncate: bool = False  # a prompt that does not fit: drop its oldest part instead of refusing it
+    priority: str | None = None
+    deadline_ms: int | None = None
+    messages: list[dict[str, str]] | None = None  # chat
+    prompt: str | None = None  # completions
+
+    def cache_payload(self) -> dict[str, Any]:
+        return {"messages": self.messages, "prompt": self.prompt, "truncate": self.truncate}
+
+
+def parse_json(body: bytes) -> dict[str, Any]:
+    try:
+        data = json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise BadInput(f"the request body is not valid JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise BadInput(f"the request body must be a JSON object, got {type(data).__name__}")
+    return data
+
+
+def _flag(data: dict[str, Any], key: str) -> bool:
+    value = data.get(key, False)
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise BadInput(f"{key} must be true or false, got {value!r}"[:200])
+    return value
+
+
+def _common(data: dict[str, Any], max_tokens_cap: int) -> GenArgs:
+    for key, (ok, why) in REFUSED.items():
+        if key in data and data[key] not in (ok if isinstance(ok, tuple) else (ok,)):
+            raise BadInput(f"{key}: {why}")
+    if "model" not in data:
+        raise BadInput("model is missing: name one of GET /v1/models")
+    args = GenArgs(model=data["model"], stream=_flag(data, "stream"), truncate=_flag(data, "truncate"))
+    options = data.get("stream_options")
+    if options is not None:
+        if not isinstance(options, dict):
+            raise BadInput("stream_options must be an object like {\"include_usage\": true}")
+        args.include_usage = _flag(options, "include_usage")
+    if data.get("max_completion_tokens") is not None and data.get("max_tokens") is None:
+        data = {**data, "max_tokens": data["max_completion_tokens"]}
+    for key in SAMPLING_KEYS:
+        value = data.get(key)
+        if value is None:
+            continue
+        if key == "stop" and isinstance(value, str):
+            value = [value]
+        args.sampling[key] = check(key, value, key)
+    if args.sampling.get("max_tokens", 0) > max_tokens_cap:
+        raise BadInput(f"max_tokens {args.sampling['max_tokens']} is over this server's limit of {max_tokens_cap}")
+    if data.get("priority") is not None:
+        if not isinstance(data["priority"], str):
+            raise BadInput("priority must be one of urgent, interactive, batch")
+        args.priority = data["priority"]
+    if data.get("deadline_ms") is not None:
+        args.deadline_ms = check_deadline_ms(data["deadline_ms"], "deadline_ms")
+    return args
+
+
+def check_deadline_ms(value: Any, where: str) -> int:
+    if isinstance(value, str) and value.strip().isdigit() and len(value.strip()) <= 12:
+        value = int(value)
+    if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= 86_400_000:
+        raise BadInput(f"{where} must be an integer number of milliseconds from 1 to 86400000, got {value!r}"[:200])
+    return value
+
+
+def _content(i: int, content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):  # [{"type": "text", "text": ...}, ...]
+        parts = []
+        for part in content:
+            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                raise BadInput(f"messages[{i}].content: only text parts ({{\"type\": \"text\", \"text\": ...}}) are supported")
+            parts.append(part["text"])
+        return "".join(parts)
+    raise BadInput(f"messages[{i}].content must be text or a list of text parts, got {type(content).__name__}")
+
+
+def parse_chat(data: dict[str, Any], max_tokens_cap: int) -> GenArgs:
+    args = _common(data, max_tokens_cap)
+    messages = data.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise BadInput("messages must be a non-empty list of {\"role\", \"content\"} objects")
+    out = []
+    for i, msg in enumerate(messages):
+        if not isinstance(msg, dict):
+            raise BadInput(f"messages[{i}] must be an object with role and content")
+        role = "system" if msg.get("role") == "developer" else msg.get("role")
+        if role not in ROLES:
+            raise BadInput(f"messages[{i}].role {msg.get('role')!r} is not valid: use {', '.join(ROLES)}"[:200])
+        out.append({"role": role, "content": _content(i, msg.get("content"))})
+    if out[-1]["role"] != "user":
+        raise BadInput("the last message must come from the user")
+    args.messages = out
+    return args
+
+
+def parse_completion(data: dict[str, Any], max_tokens_cap: int) -> GenArgs:
+    args = _common(data, max_tokens_cap)
+    prompt = data.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1:
+        prompt = prompt[0]
+    if not isinstance(prompt, str) or not prompt:
+        raise BadInput("prompt must be a non-empty string (or a list of one string)")
+    if data.get("suffix"):
+        raise BadInput("suffix is not supported")
+    args.prompt = prompt
+    return args
+
+
+# -- responses -------------------------------------------------------------------------
+FINISH = {"eos": "stop", "stop": "stop", "length": "length"}
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{secrets.token_hex(12)}"
+
+
+def dropped(truncations: list[Truncation]) -> tuple[int, int]:
+    return sum(t.tokens_dropped for t in truncations), sum(t.messages_dropped for t in truncations)
+
+
+def truncated_header(truncations: list[Truncation]) -> dict[str, str]:
+    """``X-Edgerun-Truncated: tokens=N, messages=M`` when anything was dropped, else no header."""
+    if not truncations:
+        return {}
+    tokens, messages = dropped(truncations)
+    return {"X-Edgerun-Truncated": f"tokens={tokens}, messages={messages}"}
+
+
+def usage(result: Result) -> dict[str, Any]:
+    out: dict[str, Any] = {"prompt_tokens": result.tokens_in, "completion_tokens": result.tokens_out,
+                           "total_tokens": result.tokens_in + result.tokens_out}
+    if result.truncations:
+        tokens, messages = dropped(result.truncations)
+        out["truncated"] = {"tokens_dropped": tokens, "messages_dropped": messages,
+                            "events": [{"kind": t.kind, "tokens_dropped": t.tokens_dropped, "at_token": t.at_token,
+                                        "messages_dropped": t.messages_dropped} for t in result.truncations]}
+    return out
+
+
+def completion(chat: bool, rid: str, model: str, text: str, result: Result, finish: str | None = None) -> dict[str, Any]:
+    reason = finish or FINISH.get(result.stop_reason, "stop")
+    if chat:
+        choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None, "finish_reason": reason}
+    else:
+        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": reason}
+    return {"id": rid, "object": "chat.completion" if chat else "text_completion", "created": int(time.time()),
+            "model": model, "choices": [choice], "usage": usage(result)}
+
+
+def chunk(chat: bool, rid: str, model: str, text: str | None, finish: str | None = None, first: bool = False) -> dict[str, Any]:
+    if chat:
+        delta: dict[str, Any] = {"role": "assistant", "content": text or ""} if first else ({"content": text} if text else {})
+        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+    else:
+        choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+    return {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion", "created": int(time.time()),
+            "model": model, "choices": [choice]}
+
+
+def usage_chunk(chat: bool, rid: str, model: str, result: Result) -> dict[str, Any]:
+    return {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion", "created": int(time.time()),
+            "model": model, "choices": [], "usage": usage(result)}
+
+
+# -- errors ----------------------------------------------------------------------------
+def status_of(exc: BaseException) -> tuple[int, str, str | None]:
+    """(HTTP status, OpenAI error type, code) for an exception."""
+    if isinstance(exc, BodyTooLarge):
+        return 413, "invalid_request_error", "request_too_large"
+    if isinstance(exc, Unauthorized):
+        return 401, "authentication_error", "invalid_api_key"
+    if isinstance(exc, UnknownModel):
+        return 404, "invalid_request_error", "model_not_found"
+    blocked = getattr(exc, "stage", None) is not None and getattr(exc, "reason", None) is not None
+    if blocked:
+        return 400, "invalid_request_error", "content_filter"
+    if isinstance(exc, BadInput):
+        return 400, "invalid_request_error", None
+    if isinstance(exc, QueueFull):
+        return 429, "rate_limit_error", "queue_full"
+    if isinstance(exc, DeadlineExceeded):
+        return 504, "timeout_error", "deadline_exceeded"
+    if isinstance(exc, (NotReady, DoesNotFit)):
+        return 503, "server_error", "not_ready" if isinstance(exc, NotReady) else "does_not_fit"
+    if isinstance(exc, Cancelled):
+        return 499, "cancelled", "cancelled"
+    return 500, "server_error", None
+
+
+def error_body(exc: BaseException) -> dict[str, Any]:
+    _, kind, code = status_of(exc)
+    message = one_line(exc) if isinstance(exc, EdgerunError) else "internal error (see the server log)"
+    return {"error": {"message": message, "type": kind, "param": getattr(exc, "param", None), "code": code}}
+
+
+def error_response(exc: BaseException) -> JSONResponse:
+    status = status_of(exc)[0]
+    headers = {}
+    if isinstance(exc, QueueFull):
+        headers["Retry-After"] = str(max(1, round(exc.retry_after + 0.49)))  # whole seconds, rounded up, at least 1
+    if isinstance(exc, Unauthorized):
+        headers["WWW-Authenticate"] = "Bearer"
+    return JSONResponse(error_body(exc), status_code=status, headers=headers)

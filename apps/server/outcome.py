@@ -1,0 +1,68 @@
+"""How one request ended, recorded once: its metrics, its JSON log line, and its canary outcome."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from apps.server.openai_api import status_of
+from apps.server.reqlog import RequestRecord, log_request
+from runtime.errors import BadInput, Cancelled, DeadlineExceeded, QueueFull
+
+
+def status_word(error: BaseException | None) -> str:
+    if error is None:
+        return "ok"
+    if getattr(error, "stage", None) is not None and getattr(error, "reason", None) is not None:
+        return "blocked"
+    if isinstance(error, QueueFull):
+        return "rejected"
+    if isinstance(error, DeadlineExceeded):
+        return "timeout"
+    if isinstance(error, Cancelled):
+        return "cancelled"
+    return "error"
+
+
+class Outcome:
+    def __init__(self, state: Any, rid: str, model: str, served: str, priority: Any, *, stream: bool = False,
+                 client: str | None = None) -> None:
+        self.state, self.rid, self.model, self.served = state, rid, model, served
+        self.priority, self.stream, self.client = priority, stream, client
+        self.version = served
+        self.start = time.monotonic()
+        self.first_at: float | None = None
+        self.cache: str | None = None
+        self._done = False
+
+    def first_token(self) -> None:
+        if self.first_at is None:
+            self.first_at = time.monotonic()
+
+    def finish(self, *, result: Any = None, error: BaseException | None = None) -> None:
+        if self._done:
+            return
+        self._done = True
+        total = time.monotonic() - self.start
+        status = status_word(error)
+        ttft = None if self.first_at is None else self.first_at - self.start
+        tokens_in = getattr(result, "tokens_in", 0) if result is not None else 0
+        tokens_out = getattr(result, "tokens_out", 0) if result is not None else 0
+        truncated = sum(t.tokens_dropped for t in getattr(result, "truncations", ()) or ())
+        m = self.state.metrics
+        m.observe_request(model=self.model, version=self.version, priority=self.priority, status=status, total_s=total,
+                          ttft_s=ttft, prompt_tokens=tokens_in, completion_tokens=tokens_out)
+        if status == "blocked":
+            m.count_blocked(error.stage, str(error.reason))  # type: ignore[union-attr]
+        log_request(RequestRecord(
+            id=self.rid, model=self.model, version=self.version, priority=self.priority, status=status,
+            prompt_tokens=tokens_in, completion_tokens=tokens_out, ttft_ms=None if ttft is None else ttft * 1000,
+            total_ms=total * 1000, cache=self.cache, truncated=truncated, client=self.client,
+            error=None if error is None else (str(getattr(error, "reason", "")) or type(error).__name__),
+            stream=self.stream))
+        router = self.state.canaries.get(self.model)
+        if router is not None and status not in ("cancelled",):
+            # a client's own mistake (4xx other than a timeout) says nothing about the version that served it
+            client_fault = isinstance(error, BadInput) or (error is not None and status_of(error)[0] in (400, 429))
+            if not client_fault:
+                router.record(self.served, error is None, total)

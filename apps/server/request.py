@@ -1,0 +1,48 @@
+"""What every API request carries besides its body: the model it routes to, its priority, its deadline,
+and whether its client is still there."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from starlette.requests import Request
+
+from apps.server.openai_api import UnknownModel, check_deadline_ms
+from apps.server.security import ApiKey, check_model_name
+from runtime.scheduler import Priority
+
+
+def route_model(state: Any, name: object) -> str:
+    """The model entry that serves the public ``name``: checked as a name before any lookup (400), unknown (404),
+    or split by its canary router."""
+    name = check_model_name(name)
+    if state.config.model(name) is None:
+        served = ", ".join(m.name for m in state.config.models)
+        raise UnknownModel(f"model {name!r} is not served here; served: {served}")
+    router = state.canaries.get(name)
+    return router.pick() if router is not None else name
+
+
+def priority_of(request: Request, body_value: str | None, key: ApiKey | None) -> Priority:
+    """Header X-Priority, else the body's "priority", else interactive; never better than the key allows."""
+    text = request.headers.get("x-priority") or body_value
+    asked = Priority.parse(text) if text else Priority.INTERACTIVE
+    best = key.max_priority if key is not None else Priority.URGENT
+    return Priority(max(asked, best))  # a larger value is a lower class
+
+
+def deadline_of(request: Request, body_ms: int | None, default_ms: int) -> float:
+    """The monotonic time by which the answer must be done: header X-Deadline-Ms, else the body's deadline_ms,
+    else the server's default."""
+    header = request.headers.get("x-deadline-ms")
+    ms = check_deadline_ms(header, "X-Deadline-Ms") if header is not None else body_ms or default_ms
+    return time.monotonic() + ms / 1000
+
+
+async def disconnected(request: Request) -> None:
+    """Returns when the client disconnects (the body must have been read already)."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return

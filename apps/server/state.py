@@ -1,0 +1,102 @@
+"""Everything one server process holds: its config, keys, models, caches, metrics, filters and canary routers.
+
+Built once by ``edgerun serve`` (or a test) and handed to :func:`apps.server.app.create_app`; the handlers read it
+and keep nothing of their own.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+from apps.server.canary import CanaryRouter
+from apps.server.config import ServeConfig
+from apps.server.llm_service import EngineService, SingleStream
+from apps.server.metrics import ServerMetrics
+from apps.server.models import StaticModels
+from apps.server.security import ApiKeys, load_keys
+from runtime.errors import EdgerunError, one_line
+from runtime.safety import Blocklist, FilterChain, RegexFilter, SizeLimit
+
+log = logging.getLogger(__name__)
+
+
+class ServerState:
+    def __init__(self, config: ServeConfig, keys: ApiKeys | None = None) -> None:
+        self.config = config
+        self.keys = keys if keys is not None else load_keys(config.api_keys_file)
+        self.models = StaticModels(config)
+        self.metrics = ServerMetrics(queue_depth=self._queue_depth, slots_busy=self._slots_busy,
+                                     resident=self.models.resident)
+        f = config.filters
+        filters: list[Any] = [SizeLimit(f.max_chars)]
+        if f.blocklist:
+            filters.append(Blocklist(f.blocklist))
+        if f.regex:
+            filters.append(RegexFilter(f.regex))
+        self.filters = FilterChain(filters)
+        self.cache: Any = None  # runtime.result_cache.ResultCache when limits.result_cache > 0
+        self.canaries = {r.model: CanaryRouter(r.model, r.canary, r.fraction, margin_error=r.margin_error,
+                                               margin_p95=r.margin_p95, min_requests=r.min_requests)
+                         for r in config.canary}
+        self.ready = threading.Event()
+        self.failed: str | None = None  # why start-up failed (readyz says it)
+        self._services: dict[int, tuple[Any, Any, str]] = {}  # id(loaded model) -> (model, its service, its name)
+        self._batchers: dict[str, tuple[Any, Any]] = {}  # name -> (loaded classifier, its DynamicBatcher)
+        self._lock = threading.Lock()
+
+    def start(self) -> None:
+        """Learn each model's kind and load them (pinned and default first): ready when that is done."""
+        try:
+            for entry in self.config.models:
+                self.models.add(entry)
+            self.models.load_pinned()
+        except EdgerunError as exc:
+            self.failed = one_line(exc)
+            log.error("start-up failed: %s", self.failed)
+            raise
+        self.ready.set()
+
+    def service(self, name: str, model: Any) -> Any:
+        """The request surface of the loaded LLM ``model`` served as ``name`` (one per loaded object)."""
+        with self._lock:
+            known = self._services.get(id(model))
+            if known is None or known[0] is not model:
+                svc = EngineService(model) if hasattr(model, "submit") else SingleStream(model, self.config.limits.max_queued)
+                known = self._services[id(model)] = (model, svc, name)
+            return known[1]
+
+    def batcher(self, name: str, model: Any, make: Any) -> Any:
+        """The classify batcher of the loaded classifier ``model`` (``make()`` on first use; a reloaded model
+        gets a new one, the old one is closed)."""
+        with self._lock:
+            known = self._batchers.get(name)
+            if known is None or known[0] is not model:
+                if known is not None:
+                    known[1].close()
+                known = self._batchers[name] = (model, make())
+            return known[1]
+
+    def _llm_stats(self) -> dict[str, dict[str, Any]]:
+        with self._lock:
+            services = [(name, svc) for _, svc, name in self._services.values()]
+        return {name: svc.stats() for name, svc in services}
+
+    def _queue_depth(self) -> dict[str, dict[str, int]]:
+        out = {}
+        for name, stats in self._llm_stats().items():
+            queued = stats.get("queued", {})
+            out[name] = queued if isinstance(queued, dict) else {"interactive": queued}
+        return out
+
+    def _slots_busy(self) -> dict[str, int]:
+        return {name: int(stats.get("slots_busy", 0)) for name, stats in self._llm_stats().items()}
+
+    def close(self) -> None:
+        self.ready.clear()
+        with self._lock:
+            batchers, self._batchers = list(self._batchers.values()), {}
+        for _, batcher in batchers:
+            batcher.close()
+        self.models.close()
