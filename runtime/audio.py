@@ -124,13 +124,19 @@ class OpenWakeWordFrontEnd:
 
     input_shape = (OWW_EMBEDDINGS, OWW_EMBEDDING_SIZE)
 
-    def __init__(self, mel: Path, embedding: Path, threads: int = 1, spin: bool = True) -> None:
-        """``spin``: ORT's idle threads may spin-wait (off when the placement shares cores with other work)."""
+    def __init__(self, mel: Path, embedding: Path, placement: Any = None) -> None:
+        """``placement``: the CPU placement its ONNX Runtime sessions are told (devices.placement.cpu_placement;
+        default one thread on this CPU). Beside a placed classifier it has that one's threads, and its idle threads
+        do not spin when the classifier's placement shares cores with other work."""
         from runtime.backends.ort import ORTBackend
 
-        self._mel = ORTBackend(mel, threads=threads, spin=spin)
+        if placement is None:
+            from devices.placement import cpu_placement
+
+            placement = cpu_placement("ort")
+        self._mel = ORTBackend(mel, None, placement)
         try:
-            self._embedding = ORTBackend(embedding, threads=threads, spin=spin)
+            self._embedding = ORTBackend(embedding, None, placement)
         except BaseException:
             self._mel.close()
             raise
@@ -193,9 +199,10 @@ class WaveformFrontEnd:
         pass
 
 
-def open_frontend(kind: FrontEnd, files: list[Path], input_shape: tuple[int, ...], threads: int = 1, spin: bool = True) -> Any:
+def open_frontend(kind: FrontEnd, files: list[Path], input_shape: tuple[int, ...], placement: Any = None) -> Any:
+    """``placement``: where a front end with models runs them (OpenWakeWordFrontEnd)."""
     if kind is FrontEnd.OPENWAKEWORD:
         if len(files) != 2:
             raise BadInput(f"the openwakeword front end takes two models (mel spectrogram, embedding), got {len(files)}")
-        return OpenWakeWordFrontEnd(files[0], files[1], threads, spin=spin)
+        return OpenWakeWordFrontEnd(files[0], files[1], placement)
     return WaveformFrontEnd(int(np.prod(input_shape)))

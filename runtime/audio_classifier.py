@@ -94,10 +94,13 @@ class AudioClassifier:
                                    input_bytes=input_bytes + reading_bytes(inputs, spec.sample_rate) + segment_bytes(spec))
 
         def open_extra(model: ResolvedModel, placement: Any) -> Any:  # the front end, on the verified files
+            from devices.placement import cpu_placement
+
             spec = model.manifest.audio
             assert spec is not None
-            return model.load(lambda files: open_frontend(FrontEnd(spec.frontend), files, spec.input_shape,
-                                                          threads=placement.threads, spin=not placement.shares_cores),
+            # its models run on the CPU beside the classifier, with the classifier's threads, CPU and core sharing
+            beside = cpu_placement("ort", placement.threads, shares_cores=placement.shares_cores, cpu=placement.cpu)
+            return model.load(lambda files: open_frontend(FrontEnd(spec.frontend), files, spec.input_shape, beside),
                               *spec.frontend_files)
 
         return load_classifier(

@@ -19,10 +19,10 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from devices.backends import BACKENDS, BackendName, serving
+from devices.backends import BACKENDS, serving
 from runtime import preprocess
-from runtime.backends import backend_class
-from runtime.backends.base import ClassifierBackend
+from runtime.backends import open_backend as open_named
+from runtime.backends.base import ClassifierBackend, Placed
 from runtime.bundle import Manifest, ModelKind, TensorQuant
 from runtime.errors import BadInput
 from runtime.resolve import ResolvedModel, resolve
@@ -42,22 +42,13 @@ class Prediction:
         return {"input": self.source, "labels": [lab.to_dict() for lab in self.labels]}
 
 
-def open_backend(model: ResolvedModel, placement: Any) -> ClassifierBackend:
+def open_backend(model: ResolvedModel, plan: ClassifierPlan | None, placement: Placed) -> ClassifierBackend:
+    """The bundle's backend on its verified weights (runtime.checked_open), told ``plan`` and ``placement``."""
     backend = model.manifest.backend
     if model.manifest.kind.value not in BACKENDS[backend].kinds:
         valid = ", ".join(b.value for b in serving(model.manifest.kind.value))
         raise BadInput(f"{model.manifest.ref}: backend {backend.value!r} cannot run a classifier (valid: {valid})")
-    factory = backend_class(backend)
-
-    def load(paths: list[Path]) -> ClassifierBackend:  # the verified file itself (runtime.checked_open)
-        if backend is BackendName.LITERT:
-            return factory(paths[0], threads=placement.threads, delegate=placement.delegate)
-        if backend is BackendName.ORT:
-            return factory(paths[0], threads=placement.threads, providers=placement.providers or ("CPUExecutionProvider",),
-                           spin=not placement.shares_cores)
-        return factory(paths[0], threads=placement.threads)
-
-    return model.load(load, model.manifest.file("weights").path)
+    return model.load(lambda paths: open_named(backend, paths[0], plan, placement), model.manifest.file("weights").path)
 
 
 T = TypeVar("T")
@@ -98,7 +89,7 @@ def load_classifier(
         if open_extra is not None:
             extra = open_extra(model, placement)
             undo.callback(extra.close)
-        backend = open_backend(model, placement)
+        backend = open_backend(model, memory_plan, placement)
         undo.callback(backend.close)
         placement = placement.loaded(backend.offload(), require_accelerator=require_accelerator)
         log.info("%s", placement.summary())

@@ -26,7 +26,8 @@ from typing import Any
 import numpy as np
 
 from devices.backends import for_format
-from runtime.backends import backend_class
+from devices.placement import cpu_placement
+from runtime.backends import open_backend
 from runtime.backends.base import ClassifierBackend, TensorInfo
 from runtime.bundle import TensorQuant
 from runtime.classifier import time_calls
@@ -163,7 +164,8 @@ class GateReport:
 
 
 def open_model(path: Path, model_format: str, threads: int = 1) -> ClassifierBackend:
-    return backend_class(for_format(model_format).name)(path, threads=threads)
+    name = for_format(model_format).name
+    return open_backend(name, path, None, cpu_placement(name, threads))
 
 
 def tensor_quant(info: TensorInfo) -> TensorQuant:

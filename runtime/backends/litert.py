@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from devices.backends import BackendName
-from runtime.backends.base import ClassifierBackend, Offload, TensorInfo
+from runtime.backends.base import ClassifierBackend, Offload, Placed, TensorInfo
 from runtime.errors import BackendError, BadInput, MissingDependency, one_line
 from runtime.model_files import check_tflite
 
@@ -85,7 +85,10 @@ def _native_stderr_closed() -> Iterator[None]:
 class LiteRTBackend(ClassifierBackend):
     name = BackendName.LITERT.value
 
-    def __init__(self, path: Path, *, threads: int, delegate: str | None = None) -> None:
+    def __init__(self, path: Path, plan: Any, placement: Placed) -> None:
+        """The .tflite at ``path`` on ``placement``'s threads and delegate library (None: XNNPACK on the CPU);
+        ``plan`` sizes nothing here (the interpreter allocates its own arena)."""
+        threads, delegate = placement.threads, placement.delegate
         check_tflite(path)  # before the native parser sees the file
         module = _interpreter_module()
         self._delegates: list[Any] = []

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from devices.backends import BackendName
-from runtime.backends.base import ClassifierBackend, Offload, TensorInfo
+from runtime.backends.base import ClassifierBackend, Offload, Placed, TensorInfo
 from runtime.errors import BadInput
 from runtime.files import open_regular
 
@@ -52,7 +52,8 @@ def _tensor(data: Any, role: str, where: str) -> TensorInfo:
 class NullBackend(ClassifierBackend):
     name = BackendName.NULL.value
 
-    def __init__(self, path: Path, *, threads: int = 1) -> None:
+    def __init__(self, path: Path, plan: Any, placement: Placed) -> None:
+        """The description at ``path``; ``plan`` and ``placement`` change nothing (the threads are only kept)."""
         where = str(path)
         try:
             with open_regular(path, "null model") as fh:  # a FIFO is refused, not waited on; a huge file is not read whole
@@ -68,7 +69,7 @@ class NullBackend(ClassifierBackend):
         if not isinstance(data, dict):
             raise BadInput(f"{where}: a null model is a JSON object with 'input' and 'output'")
         self.input, self.output = _tensor(data.get("input"), "input", where), _tensor(data.get("output"), "output", where)
-        self.threads = threads
+        self.threads = placement.threads
 
     def _run(self, batch: Any) -> Any:
         out = np.empty((len(batch), *self.output.shape[1:]), self.output.dtype)

@@ -15,12 +15,11 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from devices.backends import BackendName
-from runtime.backends.base import ClassifierBackend, Offload, TensorInfo
+from runtime.backends.base import ClassifierBackend, CpuFeatures, Offload, Placed, TensorInfo
 from runtime.errors import BadInput, MissingDependency, one_line
 from runtime.model_files import check_onnx
 
@@ -51,8 +50,8 @@ def _info(arg: Any, path: Path) -> TensorInfo:
     return TensorInfo(arg.name, shape, dtype)
 
 
-def needs_exact_u8s8(cpu: Any) -> bool:
-    """Whether ORT must be asked for its exact uint8 x int8 kernels on this CPU (:class:`devices.cpu.CpuInfo`).
+def needs_exact_u8s8(cpu: CpuFeatures) -> bool:
+    """Whether ORT must be asked for its exact uint8 x int8 kernels on the CPU ``cpu`` (the placement's).
 
     x86 CPUs without VNNI (AVX2, AVX-512 before VNNI) multiply uint8 activations by int8 weights with
     VPMADDUBSW, whose 16-bit pair sums saturate: MobileNetV2 INT8 fell from 79 % to 65.5 % top-1 agreement
@@ -65,24 +64,20 @@ def needs_exact_u8s8(cpu: Any) -> bool:
 class ORTBackend(ClassifierBackend):
     name = BackendName.ORT.value
 
-    def __init__(self, path: Path, *, threads: int, providers: Sequence[str] = (CPU_PROVIDER,), spin: bool = True,
-                 cpu: Any = None) -> None:
-        """``spin``: let idle worker threads spin-wait (off when the placement shares cores with other work).
-        ``cpu``: the :class:`devices.cpu.CpuInfo` whose features decide the INT8 kernels (default: this machine's)."""
+    def __init__(self, path: Path, plan: Any, placement: Placed) -> None:
+        """The .onnx at ``path`` on ``placement``'s intra-op threads and execution providers (none: the CPU's); its
+        idle threads spin-wait unless the placement shares cores with other work, and its CPU's features decide the
+        INT8 kernels. ``plan`` sizes nothing here (ORT allocates its own arena)."""
         check_onnx(path)  # before the native parser sees the file
         ort = _ort()
-        if cpu is None:
-            from devices.cpu import read_cpu
-            from devices.rootfs import RootFS
-
-            cpu = read_cpu(RootFS.at("/"))
+        threads, providers, spin = placement.threads, placement.providers or (CPU_PROVIDER,), not placement.shares_cores
         options = ort.SessionOptions()
         options.intra_op_num_threads = threads
         options.inter_op_num_threads = 1
         # ORT logs to stderr past Python's logging; its errors reach the user as our one-line BackendError.
         options.log_severity_level = ORT_ERRORS_ONLY if log.isEnabledFor(logging.INFO) else ORT_FATAL_ONLY
         options.add_session_config_entry(RECORD_ASSIGNMENT, "1")
-        if needs_exact_u8s8(cpu):
+        if needs_exact_u8s8(placement.cpu):
             options.add_session_config_entry(EXACT_U8S8, "1")
         if not spin:
             for key in SPIN_KEYS:

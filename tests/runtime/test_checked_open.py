@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from devices.placement import resolve_placement
+from devices.placement import cpu_placement, resolve_placement
 from runtime import checked_open
 from runtime.backends.base import TensorInfo
 from runtime.backends.null import NullBackend
@@ -116,7 +116,7 @@ def test_a_file_changed_between_verification_and_load_is_refused(store: Store, t
     swap(real)
     try:
         with pytest.raises(BadInput) as refused:
-            open_backend(model, resolve_placement("null", "cpu", threads=1))
+            open_backend(model, None, resolve_placement("null", "cpu", threads=1))
     finally:
         if real.is_fifo():  # let a feeder still waiting for a reader finish
             os.close(os.open(real, os.O_RDONLY | os.O_NONBLOCK))
@@ -193,7 +193,7 @@ def test_backends_load_the_open_file_not_the_path(store: Store, tmp_path: Path, 
     weights = model.path()
     placement = resolve_placement(model.manifest.backend.value, "cpu", threads=1)
     given = swap_before_backend(monkeypatch, fmt, weights)
-    with open_backend(model, placement) as backend:
+    with open_backend(model, None, placement) as backend:
         assert weights.read_bytes() == b"\0" * weights.stat().st_size  # the path holds zeros...
         assert backend.output.shape[1:] == (10,)  # ...and the backend has the verified model
         spec = model.manifest.vision
@@ -247,11 +247,11 @@ def test_without_proc_a_change_during_the_load_is_refused_and_the_backend_closed
 
     def load_then_swap(paths: list[Path]) -> NullBackend:
         assert paths == [real.resolve()]  # no descriptor path to give: the real one
-        backend = Tracked(paths[0])
+        backend = Tracked(paths[0], None, cpu_placement("null"))
         rename_over(real)  # while the backend loads
         return backend
 
-    assert model.load(lambda paths: Tracked(paths[0]), "model.null").output.shape[1:] == (10,)  # unchanged: loads
+    assert model.load(lambda paths: Tracked(paths[0], None, cpu_placement("null")), "model.null").output.shape[1:] == (10,)  # unchanged: loads
     with pytest.raises(BadInput, match="model.null: changed since it was verified"):
         model.load(load_then_swap, "model.null")
     assert closed == [True]

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from apps.cli import main as edgerun
+from devices.placement import cpu_placement
 from runtime.backends.base import TensorInfo
 from runtime.backends.null import NullBackend
 from runtime.errors import BadInput
@@ -71,7 +72,7 @@ def test_an_accelerator_is_refused_for_the_null_backend(tmp_path: Path, capsys: 
 def test_a_row_gives_the_same_output_alone_or_in_any_batch(tmp_path: Path) -> None:
     (tmp_path / "m").write_bytes(NullBackend.describe(IMAGE_IN, LOGITS))
     x = np.random.default_rng(0).standard_normal((5, 8, 8, 3)).astype(np.float32)
-    with NullBackend(tmp_path / "m") as backend:
+    with NullBackend(tmp_path / "m", None, cpu_placement("null")) as backend:
         batch = backend.run(x)
         single = np.concatenate([backend.run(x[i : i + 1]) for i in range(5)])
         other = backend.run(np.concatenate([x[2:3], x[::-1]]))
@@ -121,7 +122,7 @@ BAD_MODELS = [
 def test_bad_null_models_are_one_line(tmp_path: Path, data: bytes, message: str) -> None:
     (tmp_path / "m").write_bytes(data)
     with pytest.raises(BadInput, match=message) as err:
-        NullBackend(tmp_path / "m")
+        NullBackend(tmp_path / "m", None, cpu_placement("null"))
     assert "\n" not in str(err.value)
 
 
@@ -138,4 +139,4 @@ def test_a_fifo_as_the_null_model_is_refused_not_waited_on(tmp_path: Path) -> No
 
     os.mkfifo(tmp_path / "m")
     with pytest.raises(BadInput, match=r"m: is a FIFO, not a regular file; give a regular null model$"):
-        NullBackend(tmp_path / "m")
+        NullBackend(tmp_path / "m", None, cpu_placement("null"))

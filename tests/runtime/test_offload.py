@@ -63,7 +63,8 @@ def test_llm_placement_carries_the_measured_offload(smollm) -> None:
 @pytest.mark.parametrize("providers", [["CPUExecutionProvider"], ["CUDAExecutionProvider", "CPUExecutionProvider"],
                                        ["AzureExecutionProvider", "CPUExecutionProvider"]], ids=["cpu", "cuda-absent", "azure-first"])
 def test_ort_counts_nodes_per_provider_from_the_session(tmp_path: Path, providers: list[str]) -> None:
-    with ORTBackend(matmul_onnx(tmp_path / "m.onnx"), threads=1, providers=providers) as backend:
+    told = dataclasses.replace(cpu_placement("ort"), providers=tuple(providers))
+    with ORTBackend(matmul_onnx(tmp_path / "m.onnx"), None, told) as backend:
         assert backend.offload() == Offload("nodes", 0, 1, by_device=(("CPUExecutionProvider", 1),))
 
 
@@ -71,7 +72,7 @@ def test_an_accelerator_that_took_nothing_is_reported_and_refused(tmp_path: Path
     # The placement a CUDA install would get on the NVIDIA server; here ORT keeps only its CPU provider.
     placement = resolve_placement("ort", "gpu", machine=board("x86-server"), caps=ORT_GPU, threads=1)
     assert placement.device == "cuda:0"
-    with ORTBackend(matmul_onnx(tmp_path / "m.onnx"), threads=1, providers=placement.providers) as backend:
+    with ORTBackend(matmul_onnx(tmp_path / "m.onnx"), None, placement) as backend:
         offload = backend.offload()
     with pytest.raises(PlacementError, match=r"--require-accelerator: cuda:0: the accelerator took none of the model's 1 nodes"):
         placement.loaded(offload, require_accelerator=True)
@@ -83,12 +84,12 @@ def test_an_accelerator_that_took_nothing_is_reported_and_refused(tmp_path: Path
 
 def test_litert_counts_the_ops_xnnpack_took(tmp_path: Path) -> None:
     # XNNPACK takes the ADD; it has no GATHER kernel, so that op stays with LiteRT's own CPU kernels.
-    with LiteRTBackend(add_gather_tflite(tmp_path / "m.tflite"), threads=1) as backend:
+    with LiteRTBackend(add_gather_tflite(tmp_path / "m.tflite"), None, cpu_placement("litert")) as backend:
         assert backend.offload() == Offload("ops", 0, 2, by_device=(("XNNPACK", 1), ("CPU", 1)))
 
 
 def test_litert_counts_a_whole_model_delegated(digit_bundles: dict[str, Path]) -> None:
-    with LiteRTBackend(digit_bundles["tflite"] / "model.tflite", threads=1) as backend:
+    with LiteRTBackend(digit_bundles["tflite"] / "model.tflite", None, cpu_placement("litert")) as backend:
         offload = backend.offload()
     assert offload.on_accelerator == 0 and offload.by_device == (("XNNPACK", offload.total),) and offload.total >= 3
 
@@ -97,7 +98,7 @@ def test_an_edgetpu_placement_of_a_model_not_compiled_for_it(tmp_path: Path) -> 
     placement = resolve_placement("litert", "npu", machine=board("pi4-coral"), caps=LITERT_TPU, threads=1)
     assert (placement.device, placement.delegate) == ("edgetpu:usb", "libedgetpu.so.1")
     # libedgetpu is not installed on this machine: the model has no edgetpu-custom-op, so it is never asked for.
-    with LiteRTBackend(add_gather_tflite(tmp_path / "m.tflite"), threads=1, delegate=placement.delegate) as backend:
+    with LiteRTBackend(add_gather_tflite(tmp_path / "m.tflite"), None, placement) as backend:
         offload = backend.offload()
     assert offload.on_accelerator == 0 and "not compiled for the Edge TPU" in offload.why
     with pytest.raises(PlacementError, match="--require-accelerator: edgetpu:usb: .*not compiled for the Edge TPU"):
@@ -111,4 +112,4 @@ def test_a_model_compiled_for_the_edgetpu_goes_to_its_delegate(tmp_path: Path) -
     path = add_gather_tflite(tmp_path / "m.tflite")
     path.write_bytes(path.read_bytes() + b"edgetpu-custom-op")
     with pytest.raises(BackendError, match="cannot load the delegate libedgetpu.so.1"):
-        LiteRTBackend(path, threads=1, delegate="libedgetpu.so.1")
+        LiteRTBackend(path, None, dataclasses.replace(cpu_placement("litert"), delegate="libedgetpu.so.1"))

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from devices.cpu import CpuInfo
+from devices.placement import cpu_placement
 from runtime.backends.ort import EXACT_U8S8, ORTBackend
 
 AVX2 = CpuInfo("x86_64", "AMD EPYC 7R32", 2, 1, 1, ("avx", "avx2", "f16c", "fma"))  # the machine the saturation was found on
@@ -61,7 +62,7 @@ def _saturating_int8_conv(tmp_path: Path) -> Path:
                          ids=["avx2", "avx512-no-vnni", "avx512-vnni", "avx-vnni", "a76", "a72"])
 def test_exact_int8_kernels_only_where_the_fast_ones_saturate(tmp_path: Path, cpu: CpuInfo, exact: bool) -> None:
     path = _saturating_int8_conv(tmp_path)
-    with ORTBackend(path, threads=1, cpu=cpu) as backend:
+    with ORTBackend(path, None, cpu_placement("ort", cpu=cpu)) as backend:
         assert backend.session_option(EXACT_U8S8) == ("1" if exact else None)
         y = backend.run(np.ones((1, 64, 4, 4), np.float32))
     if exact:  # the exact kernel gives the same answer on every CPU
@@ -72,7 +73,7 @@ def test_exact_int8_kernels_only_where_the_fast_ones_saturate(tmp_path: Path, cp
 def test_this_machine_gets_an_exact_result(tmp_path: Path) -> None:
     # Whatever this CPU is, the features devices/ reads must lead to an unsaturated convolution.
     path = _saturating_int8_conv(tmp_path)
-    with ORTBackend(path, threads=1) as backend:
+    with ORTBackend(path, None, cpu_placement("ort")) as backend:
         y = backend.run(np.ones((1, 64, 4, 4), np.float32))
     np.testing.assert_allclose(y, 64.0, atol=0.5)
 
@@ -106,5 +107,5 @@ def test_threads_spin_only_when_the_placement_has_the_cores_to_itself(tmp_path: 
     caps = BackendCaps(BackendName.ORT, installed=True, module="onnxruntime", providers=("CPUExecutionProvider",))
     placement = resolve_placement("ort", "cpu", machine=_with_load(detect(os.path.join(FIXTURES, "pi5")), load1), caps=caps)
     assert placement.shares_cores is not spins
-    with open_backend(ResolvedModel(manifest, tmp_path, "bundle-dir"), placement) as backend:
+    with open_backend(ResolvedModel(manifest, tmp_path, "bundle-dir"), None, placement) as backend:
         assert [backend.session_option(key) for key in SPIN_KEYS] == [None if spins else "0"] * 2  # unset: ORT spins
