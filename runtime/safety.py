@@ -35,6 +35,7 @@ MAX_PATTERN_CHARS = 256  # characters per pattern: Python's re has no time limit
 MAX_WORDS = 10_000  # words or phrases per Blocklist
 MAX_WORD_CHARS = 100
 MAX_SENTENCE_CHARS = 2_000  # a "sentence" with no end this long is checked at its last whitespace
+CARRY_CHARS = 2 * MAX_WORD_CHARS  # of such a forced cut, checked again with the text after it
 
 # A sentence ends at . ! ? (or their CJK forms) followed by whitespace, or at a line break. "3.14" and "e.g.x"
 # do not end one; the end of the stream always does.
@@ -260,12 +261,14 @@ class StreamChecker:
 
     ``feed(piece)`` returns the text now safe to send (the sentences completed and passed so far), holding back
     the unfinished one (nothing is held back when no filter of the chain checks output); ``finish()`` checks and
-    returns the rest. Both raise Blocked, after which the checker
-    refuses more text (the response is over)."""
+    returns the rest. Both raise Blocked, after which the checker refuses more text (the response is over).
+    A sentence longer than ``max_sentence_chars`` is released in parts at whitespace; each part is checked
+    together with the end of the part before it."""
 
     def __init__(self, chain: FilterChain, *, max_sentence_chars: int = MAX_SENTENCE_CHARS) -> None:
         self.chain, self.max_sentence_chars = chain, max_sentence_chars
         self._pending = ""
+        self._carry = ""  # the end of a run-on sentence already checked, checked again with what follows it
         self.blocked: Blocked | None = None
 
     def feed(self, piece: str) -> str:
@@ -277,15 +280,17 @@ class StreamChecker:
         cut = 0
         for end in _SENTENCE_END.finditer(self._pending):
             cut = end.end()
-        if cut == 0 and len(self._pending) > self.max_sentence_chars:
-            # No sentence end in sight: check up to the last whitespace, so no word is split between two checks.
-            cut = max(self._pending.rfind(" "), self._pending.rfind("\t")) + 1
-            if cut == 0:
-                cut = len(self._pending)
+        forced = cut == 0 and len(self._pending) > self.max_sentence_chars
+        if forced:
+            # No sentence end in sight: release up to the last whitespace, and keep the tail of what was released
+            # to check again with what follows, so a word or phrase across the cut is still seen whole.
+            cut = max(self._pending.rfind(" "), self._pending.rfind("\t")) + 1 or len(self._pending)
         if cut == 0:
             return ""
         ready, self._pending = self._pending[:cut], self._pending[cut:]
-        return self._release(ready)
+        out = self._release(ready)
+        self._carry = ready[-CARRY_CHARS:] if forced else ""
+        return out
 
     def finish(self) -> str:
         if self.blocked is not None:
@@ -294,7 +299,10 @@ class StreamChecker:
         return self._release(ready) if ready else ""
 
     def _release(self, text: str) -> str:
-        for sentence in _split_sentences(text):
+        sentences = _split_sentences(text)
+        if sentences and self._carry:
+            sentences[0] = self._carry + sentences[0]
+        for sentence in sentences:
             verdict = self.chain.check(sentence, "output")
             if verdict is not None:
                 self.blocked = Blocked(verdict, "output")

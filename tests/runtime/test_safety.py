@@ -124,6 +124,19 @@ def test_substring_of_a_longer_word_in_output_does_not_block() -> None:
     assert blocked is None and sent == "The class assistant passed. "
 
 
+@pytest.mark.parametrize("pieces, limit, released", [
+    (["aaaa bbbb evil pl", "an"], 16, "aaaa bbbb evil "),  # the run-on part is cut between the phrase's two words
+    (["forbi", "dden"], 4, "forbi"),  # no whitespace at all: cut inside the word
+])
+def test_a_phrase_across_a_forced_cut_is_still_caught(pieces: list[str], limit: int, released: str) -> None:
+    checker = FilterChain([Blocklist(["evil plan", "forbidden"])]).stream_checker(max_sentence_chars=limit)
+    assert checker.feed(pieces[0]) == released
+    with pytest.raises(Blocked):
+        for piece in pieces:
+            checker.feed(piece)
+        checker.finish()
+
+
 def test_without_output_filters_nothing_is_held_back() -> None:
     # The default chain is a size limit on the input: streaming must not wait for sentence ends then.
     checker = FilterChain([SizeLimit(100)]).stream_checker()
