@@ -26,11 +26,28 @@ def _key(spec: Any) -> tuple[Any, ...]:
     return spec.name, spec.ref, spec.kind, tuple(sorted((k, repr(v)) for k, v in spec.options.items()))
 
 
+COUNTS = ("ctx", "slots", "threads", "batch")  # options that are positive whole numbers
+
+
 def _options(spec: Any, valid: tuple[str, ...]) -> dict[str, Any]:
+    """``spec.options``, checked: known names only, counts positive integers, kv_type and target by name."""
+    from runtime.plan import KVType
+
     bad = sorted(set(spec.options) - set(valid))
     if bad:
         raise BadInput(f"{spec.name}: unknown {spec.kind} option {', '.join(map(repr, bad))} (valid: {', '.join(valid)})")
-    return dict(spec.options)
+    opts = dict(spec.options)
+    for name, value in opts.items():
+        if value is None:
+            continue
+        whole = isinstance(value, int) and not isinstance(value, bool)
+        if name in COUNTS and not (whole and value > 0):
+            raise BadInput(f"{spec.name}: option {name}={value!r} must be a positive whole number")
+        if name == "prefix_cache_bytes" and not (whole and value >= 0):
+            raise BadInput(f"{spec.name}: option prefix_cache_bytes={value!r} must be bytes >= 0")
+        if name == "kv_type" and value not in {k.value for k in KVType}:
+            raise BadInput(f"{spec.name}: option kv_type={value!r} is not one of: {', '.join(k.value for k in KVType)}")
+    return opts
 
 
 def _agrees(spec: Any, obj: Any, planned: int) -> Any:
@@ -74,7 +91,7 @@ class LLMLoader:
         with model.opened(manifest.file("weights").path) as (weights,):  # the file that was verified (runtime.loader)
             info = read_gguf(weights)
         extra = {"slots": self._slots(opts)} if _engine() is not None else {}
-        kv = KVType(opts["kv_type"]) if opts.get("kv_type") is not None else None
+        kv = KVType(opts["kv_type"]) if opts.get("kv_type") is not None else None  # checked by _options
         plan = plan_llm(info, budget, name=manifest.ref, ctx=opts.get("ctx"), kv_type=kv,
                         prefix_cache_bytes=opts.get("prefix_cache_bytes"), **extra)
         self._plans[_key(spec)] = (model, plan)

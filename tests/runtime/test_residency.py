@@ -307,6 +307,24 @@ def test_bad_specs_are_refused_with_one_line(loader, clock, bad, error, match) -
     assert "\n" not in str(err.value) and not rm.specs()
 
 
+@pytest.mark.parametrize(("kind", "options", "match"), [
+    ("llm", {"ctx": "2048"}, "option ctx='2048' must be a positive whole number"),
+    ("llm", {"slots": 0}, "option slots=0 must be"),
+    ("llm", {"threads": True}, "option threads=True must be"),
+    ("llm", {"kv_type": "q4_0"}, "kv_type='q4_0' is not one of: f16, q8_0"),
+    ("llm", {"prefix_cache_bytes": -1}, "prefix_cache_bytes=-1"),
+    ("llm", {"batch": 4}, r"unknown llm option 'batch' \(valid: ctx, slots, threads, kv_type, prefix_cache_bytes\)"),
+    ("vision", {"ctx": 512}, "unknown vision option 'ctx'"),
+    ("vision", {"batch": 1.5}, "option batch=1.5 must be"),
+    ("audio", {"batch": 2}, "unknown audio option 'batch'"),
+])
+def test_the_default_loaders_check_options_before_anything_is_resolved(kind, options, match) -> None:
+    rm = ResidencyManager(BUDGET)
+    with pytest.raises(BadInput, match=match) as err:
+        rm.add(ModelSpec("m", "no-such-model", kind, options=options))
+    assert "\n" not in str(err.value)
+
+
 def test_names_pins_and_unknown_models(loader, clock) -> None:
     rm = manager(loader, clock, spec("a", 50, pinned=True))
     with pytest.raises(BadInput, match="already added"):
@@ -333,3 +351,71 @@ def test_remove_and_close_wait_for_leases(loader, clock) -> None:
             with rm.acquire("a"):
                 pass
     assert b.closed and not rm.resident()
+
+
+LLM_OPTIONS = {"ctx": 512, "kv_type": "f16", "prefix_cache_bytes": 8 * MiB, "threads": 1}
+
+
+@pytest.mark.slow
+def test_real_models_two_llms_and_a_classifier_under_one_plan(smollm, gemma, tmp_path) -> None:
+    """The default loaders on SmolLM2, Gemma 3 and a tiny ONNX classifier, in a budget that holds both LLMs
+    (libllama counted once) but not all three: evictions in LRU order, leases respected, plans equal."""
+    import numpy as np
+
+    from runtime.plan import RUNTIME_OVERHEAD
+    from tests.runtime.modelgen import vision_bundle
+
+    bundle = vision_bundle(tmp_path / "clf", "onnx")
+    specs = [ModelSpec("smol", "default", "llm", options=LLM_OPTIONS), ModelSpec("gemma", "gemma3-270m", "llm", options=LLM_OPTIONS),
+             ModelSpec("clf", str(bundle), "vision", options={"threads": 1})]
+    with ResidencyManager(4 << 30) as probe:
+        for s in specs:
+            probe.add(s)
+        sizes = {s.name: probe.planned_bytes(s.name) for s in specs}
+    budget = share_for(sizes["smol"] + sizes["gemma"] - RUNTIME_OVERHEAD)  # the two LLMs exactly
+    rm = ResidencyManager(budget)
+    for s in specs:
+        rm.add(s)
+    assert {s.name: rm.planned_bytes(s.name) for s in specs} == sizes  # planned alone: the budget does not change a plan
+
+    def step(name: str) -> Any:
+        with rm.acquire(name) as model:
+            assert model.plan.total_bytes == sizes[name]  # loaded with the plan it was admitted with
+            if name == "clf":
+                assert len(model.predict([np.zeros((8, 8, 3), np.uint8)])[0].labels) == 5
+            else:
+                assert model.tokenize("hello")
+            within_plan(rm)
+        within_plan(rm)
+        return model
+
+    step("smol")
+    step("clf")
+    assert names(rm) == {"smol", "clf"}
+    step("gemma")  # smol is the least recently used
+    assert names(rm) == {"clf", "gemma"}
+    with rm.acquire("gemma"):
+        step("smol")  # gemma is older than clf but leased: clf goes
+        assert names(rm) == {"gemma", "smol"}
+        assert rm.used_bytes() == sizes["smol"] + sizes["gemma"] - RUNTIME_OVERHEAD
+        with rm.acquire("smol"), pytest.raises(DoesNotFit, match=r"^clf needs .* resident: (gemma|smol) .*1 leases"):
+            with rm.acquire("clf"):
+                pass
+    assert names(rm) == {"gemma", "smol"} and rm.stats()["evictions"] == 2
+    rm.close()
+    assert not rm.resident()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("budget", [1 << 30, 330 * MiB, 250 * MiB])  # f16 at 8k; q8_0 KV; a shorter context
+def test_an_llm_loaded_with_its_share_makes_the_plan_it_was_admitted_with(smollm, budget) -> None:
+    """Only the budget given: the planner picks the context, KV type and prefix cache against the whole budget,
+    and must pick the same within the model's share (the loader refuses a load whose plan differs)."""
+    with ResidencyManager(budget) as rm:
+        rm.add(ModelSpec("smol", "default", "llm", options={"threads": 1}))
+        with rm.acquire("smol") as llm:
+            assert llm.plan.total_bytes == rm.planned_bytes("smol")
+            assert llm.plan.budget_bytes == share_for(rm.planned_bytes("smol")) < budget
+            shape = (llm.plan.n_ctx, llm.plan.kv_type.value)
+    assert shape == {1 << 30: (8192, "f16"), 330 * MiB: (8192, "q8_0"), 250 * MiB: shape}[budget]
+    assert budget != 250 * MiB or shape[0] < 8192
