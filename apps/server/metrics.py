@@ -14,7 +14,8 @@ Names (units in the name, as Prometheus asks):
   edgerun_cache_hits_total{cache=prefix|result}, edgerun_cache_misses_total{cache}
   edgerun_blocked_total{stage=input|output,reason}            counter
   edgerun_queue_depth{model,priority}, edgerun_slots_busy{model}, edgerun_resident_models,
-  edgerun_model_planned_bytes{model,version,kind}, edgerun_process_rss_bytes, edgerun_device_temperature_celsius,
+  edgerun_model_planned_bytes{model,version,kind}, edgerun_memory_plan_bytes{part=used|reserve|budget},
+  edgerun_process_rss_bytes, edgerun_device_temperature_celsius,
   edgerun_tokens_per_second{model} (completion tokens over the last ``rate_window_s``)   gauges
 """
 
@@ -62,6 +63,8 @@ class ServerMetrics:
     - ``queue_depth() -> {model: {priority: n}}`` (priority a Priority or its name)
     - ``slots_busy() -> {model: n}``
     - ``resident() -> [{"name", "version", "kind", "planned_bytes", ...}]`` (ResidencyManager.resident)
+    - ``memory() -> {"used_bytes", "reserve_bytes", "budget_bytes", ...}`` (ResidencyManager.stats; other keys
+      are ignored)
     - ``caches() -> {"prefix"|"result": {"hits": n, "misses": n}}`` cumulative counts kept elsewhere (the
       ResultCache's and the engine's stats), added to those given to :meth:`count_cache`
     - ``rss() -> bytes`` (default: this process's resident set), ``temperature() -> °C | None`` (default: the
@@ -72,13 +75,14 @@ class ServerMetrics:
                  queue_depth: Callable[[], Mapping[str, Mapping[Any, int]]] | None = None,
                  slots_busy: Callable[[], Mapping[str, int]] | None = None,
                  resident: Callable[[], Sequence[Mapping[str, Any]]] | None = None,
+                 memory: Callable[[], Mapping[str, int]] | None = None,
                  caches: Callable[[], Mapping[str, Mapping[str, int]]] | None = None,
                  rss: Callable[[], int] | None = rss_bytes,
                  temperature: Callable[[], float | None] | None = device_temperature_c,
                  rate_window_s: float = 30.0, clock: Callable[[], float] = time.monotonic) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
         self.sources: dict[str, Callable[[], Any] | None] = {}
-        self.bind(queue_depth=queue_depth, slots_busy=slots_busy, resident=resident, caches=caches, rss=rss,
+        self.bind(queue_depth=queue_depth, slots_busy=slots_busy, resident=resident, memory=memory, caches=caches, rss=rss,
                   temperature=temperature)
         self.rate_window_s, self.clock = rate_window_s, clock
         self._lock = threading.Lock()
@@ -97,7 +101,7 @@ class ServerMetrics:
 
     def bind(self, **sources: Callable[[], Any] | None) -> None:
         """Set or replace sources after construction (the engine may be built after the metrics)."""
-        valid = ("queue_depth", "slots_busy", "resident", "caches", "rss", "temperature")
+        valid = ("queue_depth", "slots_busy", "resident", "memory", "caches", "rss", "temperature")
         for name, fn in sources.items():
             if name not in valid:
                 raise TypeError(f"unknown metrics source {name!r}; valid: {', '.join(valid)}")
@@ -203,11 +207,23 @@ class _StateCollector(Collector):
                                     labels=["model", "version", "kind"])
         if resident is not None:
             count.add_metric([], len(resident))
+            # A model swapped for the same version holds two entries until the old one's last lease ends: one
+            # sample per label set (a repeated one makes the whole scrape invalid), with both plans summed.
+            summed: dict[tuple[str, str, str], float] = defaultdict(float)
             for entry in resident:
-                planned.add_metric([str(entry.get("name", "")), str(entry.get("version", "")), str(entry.get("kind", ""))],
-                                   entry.get("planned_bytes", 0))
+                key = (str(entry.get("name", "")), str(entry.get("version", "")), str(entry.get("kind", "")))
+                summed[key] += entry.get("planned_bytes", 0)
+            for key, value in summed.items():
+                planned.add_metric(list(key), value)
         yield count
         yield planned
+
+        plan = GaugeMetricFamily("edgerun_memory_plan_bytes", "The memory plan: used by resident models, reserve, budget",
+                                 labels=["part"])
+        for part, value in sorted((m._read("memory") or {}).items()):
+            if part.endswith("_bytes"):
+                plan.add_metric([part.removesuffix("_bytes")], value)
+        yield plan
 
         rss = GaugeMetricFamily("edgerun_process_rss_bytes", "Resident set size of the server process")
         value = m._read("rss")

@@ -109,6 +109,36 @@ def test_gauges_read_the_sources_at_each_scrape() -> None:
     assert values(got["edgerun_model_planned_bytes"], "edgerun_model_planned_bytes") == {}
 
 
+def test_resident_models_and_the_plan_from_a_real_residency_manager(tmp_path: Path) -> None:
+    from runtime.residency import ModelSpec, ResidencyManager
+    from tests.runtime.modelgen import vision_bundle
+
+    bundle = vision_bundle(tmp_path / "tiny", "onnx")
+    with ResidencyManager(1 << 30) as models:
+        models.add(ModelSpec(name="tiny", ref=str(bundle), kind="vision", options={"threads": 1, "target": "cpu"}))
+        m = ServerMetrics(resident=models.resident, memory=models.stats, rss=None, temperature=None)
+        assert values(scrape(m)["edgerun_resident_models"], "edgerun_resident_models") == {(): 0.0}
+        with models.acquire("tiny"):
+            got = scrape(m)
+        planned = values(got["edgerun_model_planned_bytes"], "edgerun_model_planned_bytes")
+        assert list(planned) == [(("kind", "vision"), ("model", "tiny"), ("version", "1"))]
+        assert next(iter(planned.values())) == models.planned_bytes("tiny") > 0
+        plan = values(got["edgerun_memory_plan_bytes"], "edgerun_memory_plan_bytes")
+        assert plan[(("part", "budget"),)] == 1 << 30 and plan[(("part", "used"),)] >= models.planned_bytes("tiny")
+        assert set(plan) == {(("part", "budget"),), (("part", "reserve"),), (("part", "used"),)}
+
+
+def test_two_entries_of_one_model_version_are_one_sample() -> None:
+    # During a swap to the same version the old entry stays until its last lease ends: a repeated label set
+    # would make the whole scrape unparseable.
+    rows = [{"name": "smol", "version": "2", "kind": "llm", "planned_bytes": 100},
+            {"name": "smol", "version": "2", "kind": "llm", "planned_bytes": 120}]
+    got = scrape(ServerMetrics(resident=lambda: rows, rss=None, temperature=None))
+    assert values(got["edgerun_model_planned_bytes"], "edgerun_model_planned_bytes") == {
+        (("kind", "llm"), ("model", "smol"), ("version", "2")): 220.0}
+    assert values(got["edgerun_resident_models"], "edgerun_resident_models") == {(): 2.0}
+
+
 def test_a_failing_source_leaves_out_its_gauge_not_the_scrape(caplog: pytest.LogCaptureFixture) -> None:
     def broken() -> dict:
         raise RuntimeError("engine gone")
