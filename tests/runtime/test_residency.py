@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from devices.backends import BackendName
 from runtime.errors import BadInput, DoesNotFit, EdgerunError
 from runtime.residency import ModelSpec, ResidencyManager, share_for, summed_bytes
 
@@ -419,3 +420,63 @@ def test_an_llm_loaded_with_its_share_makes_the_plan_it_was_admitted_with(smollm
             shape = (llm.plan.n_ctx, llm.plan.kv_type.value)
     assert shape == {1 << 30: (8192, "f16"), 330 * MiB: (8192, "q8_0"), 250 * MiB: shape}[budget]
     assert budget != 250 * MiB or shape[0] < 8192
+
+
+def test_a_vision_and_an_audio_classifier_share_one_onnx_runtime(tmp_path) -> None:
+    """The real classifier loaders: each loads with the plan it was admitted with, and ONNX Runtime's library
+    (both run on it; the audio front end too) is counted once."""
+    from runtime.vision_plan import RUNTIME_BYTES
+    from tests.runtime.modelgen import vision_bundle
+    from tests.runtime.test_busy_threads import _wake_word_bundle
+
+    rm = ResidencyManager(1 << 30)
+    rm.add(ModelSpec("img", str(vision_bundle(tmp_path / "img", "onnx")), "vision", options={"threads": 1, "batch": 2}))
+    rm.add(ModelSpec("wake", str(_wake_word_bundle(tmp_path / "wake")), "audio", options={"threads": 1, "target": "cpu"}))
+    for name in ("img", "wake"):
+        with rm.acquire(name) as clf:
+            assert clf.plan.total_bytes == rm.planned_bytes(name)
+    ort = RUNTIME_BYTES[BackendName.ORT]
+    assert rm.used_bytes() == rm.planned_bytes("img") + rm.planned_bytes("wake") - ort
+    rm.close()
+
+
+def test_concurrent_leases_and_evictions_never_pass_the_budget_or_close_a_model_in_use(loader, clock) -> None:
+    """Eight threads lease random models of five that cannot all be resident, sweeping now and then."""
+    import random
+
+    rm = manager(loader, clock, *(spec(f"m{i}", 20 + 5 * i, keep_alive_s=2) for i in range(5)),
+                 spec("pin", 10, pinned=True))
+    errors: list[BaseException] = []
+    refused = [0]
+
+    def work(seed: int) -> None:
+        rng = random.Random(seed)
+        try:
+            for _ in range(300):
+                name = rng.choice(["m0", "m1", "m2", "m3", "m4", "pin"])
+                try:
+                    with rm.acquire(name, wait_s=rng.choice([0, 0.01])) as model:
+                        within_plan(rm)
+                        assert not model.closed and model.name == name
+                        time.sleep(rng.random() / 2000)
+                        assert not model.closed
+                except DoesNotFit:
+                    refused[0] += 1
+                if rng.random() < 0.05:
+                    clock.now += 1
+                    rm.sweep()
+        except BaseException as exc:  # noqa: BLE001 - reported to the main thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors, errors[0]
+    stats = rm.stats()
+    assert stats["evictions"] > 0 and all(r["leases"] == 0 for r in rm.resident())
+    assert sum(1 for m in loader.loaded if not m.closed) == len(rm.resident())  # every unloaded model was closed once
+    assert "pin" in names(rm) or not any(m.name == "pin" for m in loader.loaded)
+    rm.close()
+    assert all(m.closed for m in loader.loaded)
