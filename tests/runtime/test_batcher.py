@@ -162,6 +162,38 @@ def test_an_item_that_expires_while_queued_fails_without_running() -> None:
     assert run.batches == [["hold"], ["kept"]]
 
 
+def _collecting(batcher: DynamicBatcher) -> None:
+    """Wait until the worker has taken the queued item and is collecting a batch around it."""
+    deadline = time.monotonic() + WAIT
+    while len(batcher.scheduler) and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert not len(batcher.scheduler)
+
+
+def test_an_item_that_expires_while_its_batch_is_collected_fails_without_running() -> None:
+    run = Gated()
+    clock = Clock()
+    with DynamicBatcher(run, max_batch=2, max_wait_ms=60_000, clock=clock) as batcher:
+        expiring = batcher.submit("expiring", deadline=clock.t + 1.0)
+        _collecting(batcher)
+        clock.t += 2.0
+        filler = batcher.submit("filler")  # fills the batch: it runs now
+        assert isinstance(expiring.exception(WAIT), DeadlineExceeded)
+        assert filler.result(WAIT) == "filler"
+    assert run.batches == [["filler"]]
+
+
+def test_an_item_cancelled_while_its_batch_is_collected_is_not_run() -> None:
+    run = Gated()
+    clock = Clock()
+    with DynamicBatcher(run, max_batch=2, max_wait_ms=60_000, clock=clock) as batcher:
+        dropped = batcher.submit("dropped")
+        _collecting(batcher)
+        assert dropped.cancel()
+        assert batcher.submit("filler").result(WAIT) == "filler"
+    assert run.batches == [["filler"]]
+
+
 def test_close_cancels_queued_futures_and_lets_the_running_batch_finish() -> None:
     run = Gated()
     batcher = DynamicBatcher(run, max_batch=1, max_wait_ms=0)
@@ -181,13 +213,13 @@ def test_close_cancels_queued_futures_and_lets_the_running_batch_finish() -> Non
         batcher.submit("after")
 
 
-def test_a_future_cancelled_by_its_caller_is_not_run() -> None:
+def test_a_future_cancelled_by_its_caller_is_not_run_and_frees_its_place() -> None:
     run = Gated()
-    with DynamicBatcher(run, max_batch=1, max_wait_ms=0) as batcher:
+    with DynamicBatcher(run, max_batch=1, max_wait_ms=0, max_queued=1) as batcher:
         run.hold(batcher)
         dropped = batcher.submit("dropped")
-        kept = batcher.submit("kept")
         assert dropped.cancel()
+        kept = batcher.submit("kept")  # the queue holds one item: the cancelled one no longer counts
         run.release.set()
         assert kept.result(WAIT) == "kept"
     assert run.batches == [["hold"], ["kept"]]
