@@ -48,12 +48,14 @@ and refuse the load if not).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import math
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any, Protocol
 
 from runtime.errors import BadInput, DoesNotFit, EdgerunError, one_line
@@ -331,6 +333,7 @@ class ResidencyManager:
     # -- internals (called with the lock held, except _plan) ------------------------------------
     def _plan(self, spec: ModelSpec) -> _Entry:
         self._check_spec(spec)
+        spec = dataclasses.replace(spec, options=MappingProxyType(dict(spec.options)))  # the caller's dict may change later
         loader = self._loaders[spec.kind]
         planned = int(loader.plan_bytes(spec, self.budget_bytes))
         shared_of = getattr(loader, "shared_bytes", None)

@@ -480,3 +480,10 @@ def test_concurrent_leases_and_evictions_never_pass_the_budget_or_close_a_model_
     assert "pin" in names(rm) or not any(m.name == "pin" for m in loader.loaded)
     rm.close()
     assert all(m.closed for m in loader.loaded)
+
+
+def test_the_spec_is_kept_as_it_was_added(loader, clock) -> None:
+    options = {"mib": 10}
+    rm = manager(loader, clock, ModelSpec("a", "a-v1", "llm", options=options))
+    options["mib"] = 90  # the caller's dict changes afterwards: the plan and the load do not
+    assert use(rm, "a", clock).budget == share_for(10 * MiB) and rm.specs()[0].options == {"mib": 10}
