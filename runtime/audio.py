@@ -131,9 +131,10 @@ class OpenWakeWordFrontEnd:
         from runtime.backends.ort import ORTBackend
 
         if placement is None:
+            from devices.backends import BackendName
             from devices.placement import cpu_placement
 
-            placement = cpu_placement("ort")
+            placement = cpu_placement(BackendName.ORT)
         self._mel = ORTBackend(mel, None, placement)
         try:
             self._embedding = ORTBackend(embedding, None, placement)

@@ -22,10 +22,11 @@ import numpy as np
 from runtime import preprocess
 from runtime.audio import Audio, FrontEnd, WavInfo, load_audio, open_frontend, reading_bytes
 from runtime.backends.base import ClassifierBackend
-from runtime.bundle import AudioSpec, Manifest, ModelKind
+from runtime.bundle import Manifest, ModelKind
 from runtime.classifier import _check_quant, load_classifier, time_calls
 from runtime.errors import BadInput
 from runtime.resolve import ResolvedModel
+from runtime.specs.audio import AudioSpec
 from runtime.vision_plan import ClassifierPlan, plan_classifier
 
 log = logging.getLogger(__name__)
@@ -94,12 +95,13 @@ class AudioClassifier:
                                    input_bytes=input_bytes + reading_bytes(inputs, spec.sample_rate) + segment_bytes(spec))
 
         def open_extra(model: ResolvedModel, placement: Any) -> Any:  # the front end, on the verified files
+            from devices.backends import BackendName
             from devices.placement import cpu_placement
 
             spec = model.manifest.audio
             assert spec is not None
             # its models run on the CPU beside the classifier, with the classifier's threads, CPU and core sharing
-            beside = cpu_placement("ort", placement.threads, shares_cores=placement.shares_cores, cpu=placement.cpu)
+            beside = cpu_placement(BackendName.ORT, placement.threads, shares_cores=placement.shares_cores, cpu=placement.cpu)
             return model.load(lambda files: open_frontend(FrontEnd(spec.frontend), files, spec.input_shape, beside),
                               *spec.frontend_files)
 

@@ -23,9 +23,10 @@ from devices.backends import BACKENDS, serving
 from runtime import preprocess
 from runtime.backends import open_backend as open_named
 from runtime.backends.base import ClassifierBackend, Placed
-from runtime.bundle import Manifest, ModelKind, TensorQuant
+from runtime.bundle import Manifest, ModelKind
 from runtime.errors import BadInput
 from runtime.resolve import ResolvedModel, resolve
+from runtime.specs.tensor import TensorQuant
 from runtime.vision_plan import ClassifierPlan, plan_classifier
 
 log = logging.getLogger(__name__)

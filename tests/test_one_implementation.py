@@ -40,6 +40,21 @@ def test_names_are_sanitised_in_one_place() -> None:
     assert where == ["runtime/bundle.py"]
 
 
+def test_each_manifest_section_is_defined_once_beside_the_envelope() -> None:
+    # runtime/bundle.py holds the envelope (manifest, files, layout); each model kind's section, the tensor type the
+    # classifier kinds share and the typed field readers all of them use are defined once, in their own module.
+    homes = {"LLMSpec": "runtime/specs/llm.py", "VisionSpec": "runtime/specs/vision.py", "Layout": "runtime/specs/vision.py",
+             "AudioSpec": "runtime/specs/audio.py", "TensorQuant": "runtime/specs/tensor.py",
+             "required_field": "runtime/manifest_fields.py", "floats_field": "runtime/manifest_fields.py",
+             "is_finite": "runtime/manifest_fields.py"}
+    found: dict[str, list[str]] = {}
+    for p, src in _sources().items():
+        for node in ast.walk(ast.parse(src)):
+            if isinstance(node, (ast.ClassDef, ast.FunctionDef)) and node.name in homes:
+                found.setdefault(node.name, []).append(p.relative_to(ROOT).as_posix())
+    assert found == {name: [home] for name, home in homes.items()}
+
+
 @pytest.mark.parametrize("text, name", [
     ("SmolLM2-135M-Instruct", "smollm2-135m-instruct"),
     ("My Model (v2)!", "my-model-v2"),

@@ -1,0 +1,44 @@
+"""The manifest's ``llm`` section: what the runtime needs to run a GGUF language model offline."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from runtime.errors import BadInput
+from runtime.manifest_fields import required_field, text_field
+from runtime.sampling import INT32_MAX, SamplingParams
+
+
+@dataclass(frozen=True)
+class LLMSpec:
+    """What the runtime needs to run a GGUF language model offline."""
+
+    architecture: str
+    context_length: int  # tokens the model was trained for
+    chat_template: str | None = None
+    quantization: str = ""
+    sampling: dict[str, Any] = field(default_factory=dict)  # default sampling settings, as SamplingParams names them
+
+    def __post_init__(self) -> None:
+        # Typed and bounded here, whoever builds the spec: a bad default never reaches llama.cpp.
+        SamplingParams.check_defaults(self.sampling, "manifest llm.sampling")
+
+    @classmethod
+    def from_dict(cls, data: Any) -> LLMSpec:
+        where = "manifest llm"
+        if not isinstance(data, dict):
+            raise BadInput("manifest: field 'llm' must be an object")
+        ctx = required_field(data, "context_length", int, where)
+        if not 0 < ctx <= INT32_MAX:  # llama.cpp's context fields are 32-bit
+            raise BadInput(f"{where}: context_length {ctx!r:.80} must be in [1, {INT32_MAX}] tokens")
+        template = data.get("chat_template")
+        if template is not None and not isinstance(template, str):
+            raise BadInput(f"{where}: chat_template must be a string or null")
+        return cls(
+            architecture=required_field(data, "architecture", str, where),
+            context_length=ctx,
+            chat_template=template,
+            quantization=text_field(data, "quantization", "", where),
+            sampling=data.get("sampling", {}),
+        )
