@@ -75,7 +75,8 @@ class ModelSpec:
     ``ref``: what :func:`runtime.resolve.resolve` takes (installed name[@version], bundle dir, .gguf);
     ``kind``: a loader's key ("llm", "vision", "audio"); ``keep_alive_s``: seconds idle before
     :meth:`ResidencyManager.sweep` unloads it (None: never; 0: at once); ``options``: the loader's
-    (llm: ctx, slots, threads, kv_type; vision: batch, threads, target; audio: threads, target)."""
+    (llm: ctx, slots, threads, kv_type, prefix_cache_bytes; vision: batch, threads, target; audio: threads,
+    target: see :mod:`runtime.residency_loaders`)."""
 
     name: str
     ref: str
@@ -134,7 +135,8 @@ def summed_bytes(entries: Iterable[_Entry]) -> int:
 
 
 def _describe(e: _Entry) -> str:
-    why = [w for w, on in (("pinned", e.spec.pinned), (f"{e.leases} leases", e.leases), (e.state, e.state != "ready")) if on]
+    leases = f"{e.leases} lease{'s' * (e.leases != 1)}"
+    why = [w for w, on in (("pinned", e.spec.pinned), (leases, e.leases), (e.state, e.state != "ready")) if on]
     return f"{e.spec.name} {fmt_bytes(e.planned)}" + (f" ({', '.join(why)})" if why else "")
 
 

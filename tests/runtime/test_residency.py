@@ -149,7 +149,7 @@ def test_a_leased_model_is_never_evicted_and_the_refusal_names_what_is_resident(
     message = str(err.value)
     assert "\n" not in message
     assert message.startswith("clf needs 30.0 MiB")
-    assert "a 40.0 MiB (1 leases)" in message and "b 40.0 MiB (pinned)" in message
+    assert "a 40.0 MiB (1 lease)" in message and "b 40.0 MiB (pinned)" in message
     assert names(rm) == {"a", "b"} and len(loader.loaded) == 2  # nothing was loaded or evicted
     use(rm, "clf", clock)  # released: a goes now
     assert names(rm) == {"b", "clf"}
@@ -243,7 +243,7 @@ def test_swap_of_an_idle_model_closes_it_at_once_and_a_new_version_that_cannot_f
     assert use(rm, "chat", clock).version == "chat-v2"
     with rm.acquire("chat") as v2:
         rm.swap("chat", spec("chat", 60, ref="chat-v3"))
-        with pytest.raises(DoesNotFit, match="chat 60.0 MiB .1 leases, retired"):
+        with pytest.raises(DoesNotFit, match="chat 60.0 MiB .1 lease, retired"):
             with rm.acquire("chat"):
                 pass
     assert v2.closed and use(rm, "chat", clock).version == "chat-v3"
@@ -399,7 +399,7 @@ def test_real_models_two_llms_and_a_classifier_under_one_plan(smollm, gemma, tmp
         step("smol")  # gemma is older than clf but leased: clf goes
         assert names(rm) == {"gemma", "smol"}
         assert rm.used_bytes() == sizes["smol"] + sizes["gemma"] - RUNTIME_OVERHEAD
-        with rm.acquire("smol"), pytest.raises(DoesNotFit, match=r"^clf needs .* resident: (gemma|smol) .*1 leases"):
+        with rm.acquire("smol"), pytest.raises(DoesNotFit, match=r"^clf needs .* resident: (gemma|smol) .*1 lease\)"):
             with rm.acquire("clf"):
                 pass
     assert names(rm) == {"gemma", "smol"} and rm.stats()["evictions"] == 2
