@@ -70,9 +70,11 @@ class DynamicBatcher(Generic[X, Y]):
         return future
 
     def stats(self) -> dict[str, Any]:
-        """batches, items (run), mean_batch_size, failed_batches, expired, cancelled, and queued per class."""
+        """batches, items (run), mean_batch_size, failed_batches, expired, cancelled, queued per class, and the
+        limits (max_batch, max_wait_ms)."""
         with self._lock:
             out: dict[str, Any] = dict(self._stats)
+        out["max_batch"], out["max_wait_ms"] = self.max_batch, self.max_wait_s * 1000.0
         out["mean_batch_size"] = out["items"] / out["batches"] if out["batches"] else 0.0
         out["queued"] = {p.name.lower(): n for p, n in self.scheduler.depth().items()}
         return out

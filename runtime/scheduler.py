@@ -46,6 +46,8 @@ class Priority(IntEnum):
     @classmethod
     def parse(cls, text: str) -> Priority:
         """``"urgent"``, ``"interactive"`` or ``"batch"`` (any case, surrounding blanks ignored); BadInput otherwise."""
+        if isinstance(text, Priority):
+            return text
         name = text.strip().upper() if isinstance(text, str) else ""
         if name in cls.__members__:
             return cls[name]
@@ -261,16 +263,18 @@ class Scheduler:
                 self._served.append((self.clock(), float(seconds), int(jobs)))
 
     def service_rate(self) -> float | None:
-        """Jobs finished per second over the recent window (parallel workers count together); None before any."""
+        """Jobs finished per second of busy time over the recent window: parallel workers count together, idle
+        gaps between jobs do not count; None before anything was served (or only in no time)."""
         with self._cond:
             return self._rate()
 
     def _rate(self) -> float | None:
-        if not self._served:
-            return None
-        first_end, first_s, _ = self._served[0]
-        span = self._served[-1][0] - (first_end - first_s)  # from the first recorded job's start to the last's end
-        return sum(n for _, _, n in self._served) / span if span > 0 else None
+        busy, reach = 0.0, -math.inf  # the union of the recent jobs' [start, end] intervals
+        for start, end in sorted((end - seconds, end) for end, seconds, _ in self._served):
+            if end > reach:
+                busy += end - max(start, reach)
+                reach = end
+        return sum(n for _, _, n in self._served) / busy if busy > 0 else None
 
     def _retry_after(self, priority: Priority, now: float) -> float:
         # A place in this class frees when its head is served, after every better class's queued work.

@@ -199,9 +199,10 @@ def test_retry_after_follows_the_recent_service_rate() -> None:
 
 def test_retry_after_counts_parallel_workers_and_batches() -> None:
     sched, clock, _ = _sched(max_queued=1)
-    for _ in range(10):  # two workers, each finishing one job per second
-        clock.t += 1.0
+    for _ in range(10):  # two workers, each finishing one 1 s job per second, half a second apart
+        clock.t += 0.5
         sched.note_served(1.0)
+        clock.t += 0.5
         sched.note_served(1.0)
     assert sched.service_rate() == pytest.approx(2.0, rel=0.1)
     other, clock2, _ = _sched(max_queued=1)
@@ -212,7 +213,16 @@ def test_retry_after_counts_parallel_workers_and_batches() -> None:
     assert _full_retry_after(other, URG) == pytest.approx(0.25)
 
 
-@pytest.mark.parametrize("text, want", [("urgent", URG), ("Interactive", INT), (" BATCH\n", BAT)])
+def test_retry_after_counts_busy_time_not_the_idle_gaps_between_jobs() -> None:
+    sched, clock, _ = _sched(max_queued=1)
+    for _ in range(10):  # 0.2 s jobs, one every 30 s: the service rate while busy is 5 per second
+        clock.t += 30.0
+        sched.note_served(0.2)
+    assert sched.service_rate() == pytest.approx(5.0)
+    assert _full_retry_after(sched, INT) == pytest.approx(0.2)
+
+
+@pytest.mark.parametrize("text, want", [("urgent", URG), ("Interactive", INT), (" BATCH\n", BAT), (BAT, BAT)])
 def test_priority_parse(text: str, want: Priority) -> None:
     assert Priority.parse(text) is want
 
