@@ -27,7 +27,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from converters.audio import zoo  # noqa: E402
-from converters.audio.pipeline import windows  # noqa: E402
+from converters.audio.clips import windows  # noqa: E402
 from converters.vision import gate, onnx_route, tflite  # noqa: E402
 from converters.vision.recipes import QuantScheme  # noqa: E402
 from runtime.audio import OpenWakeWordFrontEnd, load_audio  # noqa: E402

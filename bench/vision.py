@@ -35,8 +35,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import copy  # noqa: E402
 
+from converters.classifier.quantize import build_quantized  # noqa: E402
 from converters.vision import gate, onnx_route, photos, rounding, tflite, zoo  # noqa: E402
-from converters.vision.pipeline import build_quantized  # noqa: E402
 from converters.vision.recipes import Format, QuantScheme, Rounding  # noqa: E402
 from converters.vision.source import Source, SourceKind  # noqa: E402
 from runtime.bundle import Layout, VisionSpec  # noqa: E402

@@ -28,9 +28,8 @@ def test_every_failure_class_has_its_own_code_and_the_readme_lists_it() -> None:
 
 
 def test_every_converter_gate_raises_the_one_gate_failure() -> None:
-    from converters.audio import pipeline as audio
+    from converters.classifier import core as classifier  # vision's and audio's gate
     from converters.llm import QualityGateFailed as LLMGate
-    from converters.vision import pipeline as vision
 
     assert LLMGate is errors.QualityGateFailed and errors.QualityGateFailed.exit_code == 7
-    assert vision.QualityGateFailed is audio.QualityGateFailed is errors.QualityGateFailed
+    assert classifier.QualityGateFailed is errors.QualityGateFailed

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from converters.classifier.package import package as classifier_package
 from converters.llm.pipeline import _publish as llm_publish
-from converters.vision.pipeline import package as vision_package
 from runtime.store import publish
 
 
@@ -48,13 +48,13 @@ def test_publish_fsyncs_files_and_folders_then_renames(tmp_path: Path, synced: l
     assert synced[-1] == str(tmp_path)  # the folder holding the new name, last
 
 
-@pytest.mark.parametrize("publisher", ["vision", "llm"])
+@pytest.mark.parametrize("publisher", ["classifier", "llm"])
 def test_vision_audio_and_llm_converters_publish_through_it(tmp_path: Path, synced: list[str], publisher: str) -> None:
-    # The vision path (which the audio converter also uses) used to rename without any fsync.
+    # The classifier path (vision's and audio's) used to rename without any fsync.
     staging = _staging(tmp_path)
     out = tmp_path / "bundle"
-    if publisher == "vision":
-        vision_package(staging, _Manifest(), out)
+    if publisher == "classifier":
+        classifier_package(staging, _Manifest(), out)
     else:
         llm_publish(staging, out)
     assert out.is_dir() and not staging.exists()

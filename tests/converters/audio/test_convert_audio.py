@@ -229,7 +229,7 @@ def test_rounding_nearest_is_recorded(speech: dict[str, object], tmp_path: Path,
 def test_without_eval_whole_files_are_held_out() -> None:
     # no --eval: every fifth file is scored by the gate, all of its windows (they overlap: holding out single
     # windows would score audio that calibrated); an .npz has no files, so every fifth window
-    from converters.audio.pipeline import ClipSet, hold_out
+    from converters.audio.clips import ClipSet, hold_out
 
     x = np.arange(40, dtype=np.float32).reshape(40, 1)
     cal, ev = hold_out(ClipSet(x, np.repeat(np.arange(10), 4), None))  # 10 files of 4 windows

@@ -43,7 +43,7 @@ def test_failed_gate_names_only_the_remedies_that_apply(source: str, quant: str,
 
     from torch import nn
 
-    from converters.vision.pipeline import Options, _remedies
+    from converters.vision.front import remedies
     from converters.vision.recipes import Choice, QuantScheme
     from converters.vision.source import Source, SourceKind
 
@@ -52,8 +52,7 @@ def test_failed_gate_names_only_the_remedies_that_apply(source: str, quant: str,
     else:
         body = nn.Conv2d(3, 4, 3) if source == "conv" else nn.Linear(3, 4)
         src = Source(SourceKind.TORCH, "m", module=nn.Sequential(body, nn.ReLU()))
-    opts = Options(model="m", calib=Path("c"), out=Path("o"), quant=QuantScheme(quant), equalize=equalize)
-    assert _remedies(opts, Choice(QuantScheme(quant), "test"), src) == expected
+    assert remedies(Choice(QuantScheme(quant), "test"), src, equalized=equalize) == expected
 
 
 def _report(top1: float, stable: float | None, top5: float, acc: tuple[float, float] | None = None,

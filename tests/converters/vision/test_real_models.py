@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from apps.cli import main as edgerun
-from converters.vision.pipeline import EQUALIZE_MARGIN
+from converters.classifier.quantize import EQUALIZE_MARGIN
 
 pytestmark = pytest.mark.slow
 MODELS = ["efficientnet-lite0", "mobilenet-v2"]
