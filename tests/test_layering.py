@@ -7,7 +7,11 @@ function, relative ones resolved, ``importlib.import_module`` of a literal name,
 - devices/ needs of runtime/ only the leaf modules runtime.errors and runtime.units, and nothing from apps/ or
   converters/;
 - converters/ import nothing from apps/;
-- a backend (runtime/backends/) is told its placement: it never imports devices.placement.
+- a backend (runtime/backends/) is told its placement: it never imports devices.placement;
+- vision and audio convert through the shared classifier core (converters.classifier): audio never steps into
+  vision's own converter (converters.vision.pipeline, converters.vision.front), and the core imports no front end;
+- no module imports another package's private name (a leading underscore): ``from pkg.mod import _x``,
+  ``mod._x`` on an imported module, or anything from a private module ``pkg._mod``.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 LAYERS = ("apps", "converters", "devices", "runtime")
 DEVICES_MAY_USE = ("runtime.errors", "runtime.units")
+VISION_FRONT_END = ("converters.vision.pipeline", "converters.vision.front")  # vision's own, beside the shared core
 
 
 @dataclass(frozen=True)
@@ -83,6 +88,8 @@ def violations(root: Path) -> dict[str, list[Import]]:
         "devices/ imports runtime/ beyond runtime.errors and runtime.units, or apps/ or converters/": [],
         "converters/ import apps/": [],
         "a backend imports devices.placement instead of being told its placement": [],
+        "converters/audio uses vision's converter instead of the shared classifier core": [],
+        "the shared classifier core imports a front end": [],
     }
     keys = list(rules)
     for layer in LAYERS:
@@ -97,6 +104,10 @@ def violations(root: Path) -> dict[str, list[Import]]:
                     rules[keys[2]].append(imp)
                 if imp.file.startswith("runtime/backends/") and _within(imp.module, "devices.placement"):
                     rules[keys[3]].append(imp)
+                if imp.file.startswith("converters/audio/") and _within(imp.module, *VISION_FRONT_END):
+                    rules[keys[4]].append(imp)
+                if imp.file.startswith("converters/classifier/") and _within(imp.module, "converters.audio", *VISION_FRONT_END):
+                    rules[keys[5]].append(imp)
     return rules
 
 
@@ -104,9 +115,83 @@ def _report(found: list[Import]) -> str:
     return "\n".join(str(imp) for imp in found)
 
 
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def _package_of(module: str, root: Path) -> str:
+    """The package a module belongs to: itself for a package, its parent for a module file."""
+    base = root.joinpath(*module.split("."))
+    return module if (base / "__init__.py").is_file() else module.rpartition(".")[0]
+
+
+def _owned_elsewhere(dotted: str, mine: str, root: Path, owner: str | None) -> bool:
+    """Whether ``dotted`` names a private first-party name or module that a package other than ``mine`` owns;
+    ``owner``: the package owning the last part when it is a name defined in a module."""
+    parts = dotted.split(".")
+    if parts[0] not in LAYERS:
+        return False
+    for i, part in enumerate(parts):
+        if _private(part):
+            last = owner is not None and i == len(parts) - 1
+            return (owner if last else _package_of(".".join(parts[:i]), root)) != mine
+    return False
+
+
+def private_imports_of(path: Path, root: Path) -> list[Import]:
+    """The private names (leading underscore) of another package that ``path`` imports: a name imported from a
+    module (``from pkg.mod import _x``), read off an imported module (``mod._x``, ``pkg.mod._x``), or a private
+    module itself (``pkg._mod``). A package's own modules may share its private names."""
+    rel = path.relative_to(root).as_posix()
+    module = _module_of(path, root)
+    package = module if path.name == "__init__.py" else module[:-1]
+    mine = ".".join(package)
+    found: list[Import] = []
+    modules: dict[str, str] = {}  # a name bound to an imported module -> that module
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=rel)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                found += [Import(rel, node.lineno, alias.name)] if _owned_elsewhere(alias.name, mine, root, None) else []
+                modules[alias.asname or alias.name.split(".")[0]] = alias.name if alias.asname else alias.name.split(".")[0]
+        elif isinstance(node, ast.ImportFrom):
+            base = ".".join([*package[: len(package) - (node.level - 1)], *([node.module] if node.module else [])]) \
+                if node.level else node.module or ""
+            for alias in node.names:
+                sub = f"{base}.{alias.name}"
+                if _exists(sub, root):  # a module: a private one is owned by the package above it
+                    owner = None
+                    modules[alias.asname or alias.name] = sub
+                else:  # a name defined in module `base`, owned by that module's package
+                    owner = _package_of(base, root) if _exists(base, root) else None
+                found += [Import(rel, node.lineno, sub)] if _owned_elsewhere(sub, mine, root, owner) else []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and _private(node.attr):
+            chain, value = [], node.value
+            while isinstance(value, ast.Attribute):
+                chain.insert(0, value.attr)
+                value = value.value
+            if isinstance(value, ast.Name) and value.id in modules:
+                target = ".".join([modules[value.id], *chain])
+                if _exists(target, root) and _owned_elsewhere(f"{target}.{node.attr}", mine, root, _package_of(target, root)):
+                    found.append(Import(rel, node.lineno, f"{target}.{node.attr}"))
+    return found
+
+
+def private_imports(root: Path) -> list[Import]:
+    """Every private name of another package imported under the layers (:func:`private_imports_of`)."""
+    found = [imp for layer in LAYERS for path in sorted((root / layer).rglob("*.py")) for imp in private_imports_of(path, root)]
+    return sorted(set(found), key=lambda imp: (imp.file, imp.line, imp.module))
+
+
 def test_the_layers_import_downward_only() -> None:
     for rule, found in violations(ROOT).items():
         assert not found, f"{rule}:\n{_report(found)}"
+
+
+def test_no_module_imports_another_packages_private_name() -> None:
+    found = private_imports(ROOT)
+    assert not found, f"private names imported from another package:\n{_report(found)}"
 
 
 def test_every_layer_is_read() -> None:
@@ -143,6 +228,11 @@ def test_function_level_relative_and_dynamic_imports_are_caught(tmp_path: Path) 
         "converters/vision/__init__.py": "",
         "converters/vision/cli.py": "from ..vision import x\nfrom apps.cli.common import print_json\n",
         "apps/cli/__init__.py": "from runtime.llm import load\nfrom converters.vision import cli\n",
+        "converters/vision/pipeline.py": "",
+        "converters/audio/__init__.py": "",
+        "converters/audio/pipeline.py": "from converters.vision.pipeline import build_quantized\n",
+        "converters/classifier/__init__.py": "",
+        "converters/classifier/core.py": "def convert():\n    from converters.audio import pipeline\n",
     })
     found = {rule: [str(imp) for imp in imps] for rule, imps in violations(root).items()}
     assert list(found.values()) == [
@@ -152,4 +242,35 @@ def test_function_level_relative_and_dynamic_imports_are_caught(tmp_path: Path) 
          "devices/placement.py:4 imports runtime"],
         ["converters/vision/cli.py:2 imports apps.cli.common"],
         ["runtime/backends/ort.py:2 imports devices.placement"],
+        ["converters/audio/pipeline.py:1 imports converters.vision.pipeline"],
+        ["converters/classifier/core.py:2 imports converters.audio.pipeline"],
     ], found
+
+
+def test_private_names_of_another_package_are_caught(tmp_path: Path) -> None:
+    root = _tree(tmp_path, {
+        "runtime/classifier.py": "def _check_quant(): ...\n",
+        "runtime/audio_classifier.py": "from runtime.classifier import _check_quant\nfrom . import classifier\nclassifier._x\n",
+        "runtime/backends/__init__.py": "",
+        "runtime/backends/ort.py": "from ..classifier import _check_quant\nfrom llama_cpp import _logger\n",  # 2: not ours
+        "converters/vision/__init__.py": "",
+        "converters/vision/pipeline.py": "def _arena_bytes(): ...\n",
+        "converters/vision/_routes.py": "",
+        "converters/audio/__init__.py": "",
+        "converters/audio/pipeline.py": (
+            "def f():\n    from converters.vision.pipeline import _arena_bytes\n"
+            "from converters.vision import pipeline as vp\nvp._arena_bytes()\nvp.__name__\n"
+            "import converters.vision._routes\nfrom converters.vision._routes import build\n"
+            "import runtime.classifier\nruntime.classifier._check_quant()\n"
+        ),
+        "apps/cli.py": "from runtime import classifier\nclassifier._check_quant()\nclassifier.load()\n",
+    })
+    assert [str(imp) for imp in private_imports(root)] == [
+        "apps/cli.py:2 imports runtime.classifier._check_quant",
+        "converters/audio/pipeline.py:2 imports converters.vision.pipeline._arena_bytes",
+        "converters/audio/pipeline.py:4 imports converters.vision.pipeline._arena_bytes",
+        "converters/audio/pipeline.py:6 imports converters.vision._routes",
+        "converters/audio/pipeline.py:7 imports converters.vision._routes.build",
+        "converters/audio/pipeline.py:9 imports runtime.classifier._check_quant",
+        "runtime/backends/ort.py:1 imports runtime.classifier._check_quant",
+    ]
