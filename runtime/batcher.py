@@ -60,7 +60,8 @@ class DynamicBatcher(Generic[X, Y]):
         the item's class is full, Cancelled once closed; an item already past its deadline fails with
         DeadlineExceeded without being queued. Cancelling the future takes the item out of the queue."""
         future: Future = Future()
-        job = Job(payload=(item, future), priority=Priority(priority), deadline=deadline)
+        priority = Priority.parse(priority) if isinstance(priority, str) else Priority(priority)
+        job = Job(payload=(item, future), priority=priority, deadline=deadline)
         if job.expired(self.clock()):
             self._count("expired")
             _fail(future, DeadlineExceeded(f"{self.name}: the item's deadline had passed before it was queued"))

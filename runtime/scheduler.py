@@ -100,9 +100,10 @@ def _aged(priority: Priority, waited: float, aging_s: float) -> Priority:
 def _bounds(max_queued: int | Mapping[Priority, int]) -> dict[Priority, int]:
     given = max_queued if isinstance(max_queued, Mapping) else {p: max_queued for p in Priority}
     bounds = {p: DEFAULT_MAX_QUEUED for p in Priority}  # a mapping that leaves out a class leaves it at the default
-    for key, value in given.items():
+    for name, value in given.items():
+        key = Priority.parse(name) if isinstance(name, str) else name  # a config file names the classes
         if not isinstance(key, Priority):
-            raise BadInput(f"max_queued key {key!r} is not a Priority; valid: {', '.join(p.name for p in Priority)}")
+            raise BadInput(f"max_queued key {key!r} is not a priority; valid: {', '.join(p.name.lower() for p in Priority)}")
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise BadInput(f"max_queued for {key.name.lower()} must be a positive integer, not {value!r}")
         bounds[key] = value
@@ -229,9 +230,8 @@ class Scheduler:
         """The effective class of the job :meth:`pop` would serve now (cancelled/expired ones skipped); None if none."""
         with self._cond:
             now = self.clock() if now is None else now
-            live = [(j, self._effective(j, now)) for q in self._queues.values() for j in q
-                    if not (j.is_cancelled or j.expired(now))]
-        return min((e for _, e in live), default=None)
+            best = self._best(now)
+        return None if best is None else best[1]
 
     def choose_victim(self, running: Sequence[Job], now: float | None = None) -> Job | None:
         """When the best waiting job is URGENT, the running job to preempt for it: preemptible, served as BATCH
@@ -289,11 +289,14 @@ class Scheduler:
         return _aged(job.priority, now - (job.enqueued_at if job.enqueued_at is not None else now), self.aging_s)
 
     def _best(self, now: float) -> tuple[Job, Priority] | None:
-        # Each class is FIFO, so its head is its best (aging only improves with waiting); compare the heads.
-        heads = [(q[0], self._effective(q[0], now)) for q in self._queues.values() if q]
-        if not heads:
-            return None
-        return min(heads, key=lambda he: (he[1], he[0].enqueued_at, he[0].priority, he[0].id))
+        # Each class is served in its queue's order (FIFO, a requeued job first), so only the first live job of
+        # each class competes; between classes the better effective class wins, then the longer wait.
+        heads = []
+        for queue in self._queues.values():
+            head = next((j for j in queue if not (j.is_cancelled or j.expired(now))), None)
+            if head is not None:
+                heads.append((head, self._effective(head, now)))
+        return min(heads, key=lambda he: (he[1], he[0].enqueued_at, he[0].priority, he[0].id), default=None)
 
     def _take_out_dead(self, now: float) -> list[tuple[Job, str]]:
         dropped: list[tuple[Job, str]] = []

@@ -160,7 +160,7 @@ def test_sweep_answers_deadlines_while_nothing_is_popped() -> None:
 
 
 def test_queue_full_at_the_per_class_bound_and_a_cancelled_job_frees_its_place() -> None:
-    sched, _, dropped = _sched(max_queued={INT: 2, BAT: 1})
+    sched, _, dropped = _sched(max_queued={INT: 2, "batch": 1})
     held = Job("i1", INT)
     sched.submit(held)
     sched.submit(Job("i2", INT))
@@ -237,7 +237,8 @@ def test_priority_parse_refuses_unknown_names_listing_the_valid_ones(text: str) 
 
 @pytest.mark.parametrize("kw, fragment", [
     ({"max_queued": 0}, "max_queued for urgent must be a positive integer"),
-    ({"max_queued": {"batch": 3}}, "max_queued key 'batch' is not a Priority"),
+    ({"max_queued": {7: 3}}, "max_queued key 7 is not a priority; valid: urgent, interactive, batch"),
+    ({"max_queued": {"low": 3}}, "unknown priority 'low'; valid: urgent, interactive, batch"),
     ({"aging_s": 0}, "aging_s must be a positive number"),
 ])
 def test_bad_settings_are_one_line(kw: dict, fragment: str) -> None:
