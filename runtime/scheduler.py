@@ -148,7 +148,7 @@ class Scheduler:
             if len(queue) >= self.bounds[job.priority]:
                 retry_after = self._retry_after(job.priority, now)
                 full = QueueFull(f"the {job.priority.name.lower()} queue is full ({self.bounds[job.priority]} queued); "
-                                 f"retry after {retry_after:.1f} s", retry_after)
+                                 f"retry after {retry_after:.3g} s", retry_after)
             else:
                 full = None
                 if job.enqueued_at is None:
@@ -161,16 +161,21 @@ class Scheduler:
             raise full
 
     def requeue(self, job: Job) -> None:
-        """Put a preempted job back at the FRONT of its class; never refused (not even at the bound)."""
+        """Put a preempted job back at the FRONT of its class; never refused (not even at the bound). Once the
+        scheduler is closed the job goes to ``on_drop(job, "cancelled")`` instead, like the rest of the queue."""
         with self._cond:
-            if job.id in self._queued_ids:
-                raise ValueError(f"job {job.id} is already queued")
-            if job.enqueued_at is None:
-                job.enqueued_at = self.clock()
-            job.started_at = job.admitted_as = None
-            self._queues[Priority(job.priority)].appendleft(job)
-            self._queued_ids.add(job.id)
-            self._cond.notify_all()
+            closed = self._closed
+            if not closed:
+                if job.id in self._queued_ids:
+                    raise ValueError(f"job {job.id} is already queued")
+                if job.enqueued_at is None:
+                    job.enqueued_at = self.clock()
+                job.started_at = job.admitted_as = None
+                self._queues[Priority(job.priority)].appendleft(job)
+                self._queued_ids.add(job.id)
+                self._cond.notify_all()
+        if closed:
+            self._report([(job, "cancelled")])
 
     def pop(self, now: float | None = None) -> Job | None:
         """Take out the job to serve next: the best effective class (after aging), the oldest first within it.

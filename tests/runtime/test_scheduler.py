@@ -261,6 +261,8 @@ def test_wait_wakes_a_worker_when_work_arrives_and_close_cancels_the_queue() -> 
     assert time.monotonic() - start < 1.0
     with pytest.raises(Cancelled):
         sched.submit(Job("late", INT))
+    sched.requeue(Job("preempted", BAT))  # a victim put back after close is answered, not kept forever
+    assert dropped[-1] == ("preempted", "cancelled") and len(sched) == 0
 
 
 def test_concurrent_submitters_and_poppers_lose_and_duplicate_nothing() -> None:
