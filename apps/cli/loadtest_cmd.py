@@ -38,6 +38,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--api-key-file", metavar="FILE", help="a file holding the API key (sent as a bearer token)")
     parser.add_argument("--timeout", type=number(0.1, 3600, "seconds"), default=120.0, metavar="S",
                         help="this client's limit per request (default 120)")
+    parser.add_argument("--deadline-ms", type=integer(1, 86_400_000, "one day"), metavar="MS",
+                        help="ask the server to give up on each request after MS (X-Deadline-Ms; edgerun answers 504)")
     parser.add_argument("--max-requests", type=integer(1, MAX_REQUESTS), default=MAX_REQUESTS, metavar="N",
                         help=f"requests per timed run at most (default {MAX_REQUESTS})")
     parser.add_argument("--target-ttft-p95", type=number(0.001, 3600, "seconds"), metavar="S",
@@ -90,7 +92,7 @@ def main(args: argparse.Namespace) -> int:
     spec = LoadSpec(base=base, concurrency=args.concurrency, duration_s=args.duration, prompts=load_prompts(args.prompts),
                     mix=parse_mix(args.priority_mix), max_tokens=args.max_tokens, temperature=args.temperature,
                     api=args.api, model=args.model, api_key=_api_key(args.api_key_file), use_cache=args.use_cache,
-                    request_timeout_s=args.timeout, max_requests=args.max_requests)
+                    request_timeout_s=args.timeout, max_requests=args.max_requests, deadline_ms=args.deadline_ms)
     if args.target_ttft_p95 is None:
         report = run_load(spec)
         if args.json:

@@ -55,8 +55,11 @@ def request_body(api: str, prompt: Prompt, model: str, max_tokens: int, temperat
     return body
 
 
-def request_headers(priority: str, *, api_key: str | None = None, use_cache: bool = False) -> dict[str, str]:
+def request_headers(priority: str, *, api_key: str | None = None, use_cache: bool = False,
+                    deadline_ms: int | None = None) -> dict[str, str]:
     headers = {"X-Priority": priority, "Accept": "text/event-stream"}
+    if deadline_ms is not None:  # edgerun's per-request deadline: 504 when it passes
+        headers["X-Deadline-Ms"] = str(deadline_ms)
     if not use_cache:  # a load test measures serving, not the result cache
         headers["Cache-Control"] = "no-store"
     if api_key:

@@ -46,6 +46,7 @@ class LoadSpec:
     max_requests: int = MAX_REQUESTS
     requests_per_client: int | None = None  # a fixed count per client (the duration stays a cap)
     disconnect_fraction: float = 0.0  # this share of requests hangs up after a few chunks
+    deadline_ms: int | None = None  # sent as X-Deadline-Ms (edgerun answers 504 when it passes)
     seed: int = 0
 
 
@@ -145,7 +146,8 @@ async def arun_load(spec: LoadSpec, client: httpx.AsyncClient | None = None) -> 
                 hang_up = rng.randint(1, 8) if rng.random() < spec.disconnect_fraction else None
                 out = await stream_one(client, spec.base, spec.api,
                                        request_body(spec.api, prompt, model, spec.max_tokens, spec.temperature),
-                                       request_headers(priority, api_key=spec.api_key, use_cache=spec.use_cache),
+                                       request_headers(priority, api_key=spec.api_key, use_cache=spec.use_cache,
+                                                       deadline_ms=spec.deadline_ms),
                                        priority=priority, timeout_s=spec.request_timeout_s, hang_up_after=hang_up)
                 outcomes.append(out)
                 if out.status in ("rejected", "error"):

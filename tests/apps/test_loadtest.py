@@ -196,6 +196,7 @@ def test_bad_flag_values_are_refused_in_one_line(capsys, tmp_path: Path, fresh: 
         (["--timeout", "inf"], "--timeout"),
         (["--max-tokens", "0"], "--max-tokens"),
         (["--max-requests", "0"], "--max-requests"),
+        (["--deadline-ms", "0"], "--deadline-ms"),
         (["--target-ttft-p95", "0"], "--target-ttft-p95"),
         (["--temperature", "-1"], "--temperature"),
         (["--api", "embeddings"], "invalid choice"),
@@ -283,13 +284,15 @@ def test_headers_priority_mix_cache_and_key(tmp_path: Path, capsys, fresh: Stub)
     key = tmp_path / "key"
     key.write_text("sk-local-123\n")
     code = cli(["loadtest", fresh.url + "/v1", "--concurrency", "4", "--duration", "30", "--max-requests", "200",
-                "--max-tokens", "1", "--priority-mix", "urgent=0.25,batch=0.75", "--api-key-file", str(key), "--json"])
+                "--max-tokens", "1", "--priority-mix", "urgent=0.25,batch=0.75", "--api-key-file", str(key),
+                "--deadline-ms", "2500", "--json"])
     assert code == 0
     out = json.loads(capsys.readouterr().out)
     assert out["counts"]["ok"] == 200
     headers = [s["headers"] for s in fresh.seen]
     assert all(h["authorization"] == "Bearer sk-local-123" for h in headers)
     assert all(h["cache-control"] == "no-store" for h in headers)  # serving is measured, not the result cache
+    assert all(h["x-deadline-ms"] == "2500" for h in headers)
     urgent = sum(h["x-priority"] == "urgent" for h in headers)
     assert {h["x-priority"] for h in headers} == {"urgent", "batch"}
     assert 25 <= urgent <= 80, urgent  # 50 expected; seeded, so this is fixed, but any seed stays in this band
@@ -301,7 +304,8 @@ def test_headers_priority_mix_cache_and_key(tmp_path: Path, capsys, fresh: Stub)
     assert cli(["loadtest", fresh.url, "--duration", "30", "--max-requests", "1", "--max-tokens", "1", "--use-cache",
                 "--api", "completions", "--json"]) == 0
     capsys.readouterr()
-    assert "cache-control" not in fresh.seen[0]["headers"] and "prompt" in fresh.seen[0]["body"]
+    seen = fresh.seen[0]
+    assert "cache-control" not in seen["headers"] and "x-deadline-ms" not in seen["headers"] and "prompt" in seen["body"]
 
 
 def test_loops_are_bounded_in_time(fresh: Stub) -> None:
