@@ -41,11 +41,25 @@ class BackendSpec:
     model_format: str  # the one runtime.bundle.ModelFormat it loads
     kinds: tuple[str, ...]  # the runtime.bundle.ModelKind values it serves
     targets: tuple[Target, ...]  # where it can run (auto resolves among these)
-    install: str  # the pip line that installs its package; "" when nothing is needed
+    # Its package pinned as pyproject.toml's extras pin it; "" when nothing is needed. The one copy of the pin in
+    # runtime/ and devices/: every install line and message is made from it (tests/devices/test_install_pins.py).
+    requirement: str
     probe_modules: tuple[str, ...]  # what devices.capabilities imports to probe it, in preference order; () = always present
+    install_via: str = "pip install {requirement}"  # how the requirement is installed, when pip alone does not say it
+    gpu_build_via: str = ""  # how a GPU build of it is installed, when it needs one ("" when none does)
 
     def takes(self, target: Target) -> bool:
         return target in self.targets
+
+    @property
+    def install(self) -> str:
+        """The pip line that installs its package; "" when nothing is needed."""
+        return self.install_via.format(requirement=self.requirement) if self.requirement else ""
+
+    @property
+    def gpu_build(self) -> str:
+        """The command that installs a GPU build of its package; "" when it has none to build."""
+        return self.gpu_build_via.format(requirement=self.requirement)
 
 
 BACKENDS: dict[BackendName, BackendSpec] = {
@@ -59,8 +73,10 @@ BACKENDS: dict[BackendName, BackendSpec] = {
             model_format="gguf",
             kinds=("llm",),
             targets=(Target.CPU, Target.GPU),
-            install="pip install 'edgerun[llm]'  (llama-cpp-python==0.3.36, compiles llama.cpp)",
+            requirement="llama-cpp-python==0.3.36",
             probe_modules=("llama_cpp",),
+            install_via="pip install 'edgerun[llm]'  ({requirement}, compiles llama.cpp)",
+            gpu_build_via='CMAKE_ARGS="-DGGML_CUDA=on" pip install --force-reinstall --no-cache-dir {requirement}',
         ),
         BackendSpec(
             name=BackendName.LITERT,
@@ -70,7 +86,7 @@ BACKENDS: dict[BackendName, BackendSpec] = {
             model_format="tflite",
             kinds=("vision", "audio"),
             targets=(Target.CPU, Target.GPU, Target.NPU),
-            install="pip install ai-edge-litert",
+            requirement="ai-edge-litert==2.3.0",
             probe_modules=("ai_edge_litert.interpreter", "tflite_runtime.interpreter"),
         ),
         BackendSpec(
@@ -81,7 +97,7 @@ BACKENDS: dict[BackendName, BackendSpec] = {
             model_format="onnx",
             kinds=("vision", "audio"),
             targets=(Target.CPU, Target.GPU, Target.NPU),
-            install="pip install onnxruntime",
+            requirement="onnxruntime==1.32.0",
             probe_modules=("onnxruntime",),
         ),
         BackendSpec(
@@ -92,7 +108,7 @@ BACKENDS: dict[BackendName, BackendSpec] = {
             model_format="null",
             kinds=("vision", "audio"),
             targets=(Target.CPU,),
-            install="",
+            requirement="",
             probe_modules=(),
         ),
     )

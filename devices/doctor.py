@@ -21,7 +21,7 @@ CORAL_APT = (
     'echo "deb https://packages.cloud.google.com/apt coral-edgetpu-stable main" | sudo tee /etc/apt/sources.list.d/coral-edgetpu.list'
     " && sudo apt-get update && sudo apt-get install libedgetpu1-std"
 )
-LLAMA_CUDA = 'CMAKE_ARGS="-DGGML_CUDA=on" pip install --force-reinstall --no-cache-dir llama-cpp-python==0.3.36'
+LLAMA_CUDA = BACKENDS[BackendName.LLAMACPP].gpu_build
 # ai-edge-litert publishes manylinux wheels for x86_64 and aarch64 on these CPython versions.
 LITERT_PYTHONS = ((3, 9), (3, 10), (3, 11), (3, 12))
 
@@ -163,5 +163,5 @@ def _litert_fix(machine: Machine, python: tuple[int, int]) -> str:
         versions = ", ".join(f"{a}.{b}" for a, b in LITERT_PYTHONS)
         return (f"ai-edge-litert has no wheel for Python {python[0]}.{python[1]} on {arch}; "
                 f"use Python {versions} (for example a venv from python3.11)")
-    return (f"pip install ai-edge-litert  (wheel for CPython {python[0]}.{python[1]} on {arch}); "
+    return (f"{BACKENDS[BackendName.LITERT].install}  (wheel for CPython {python[0]}.{python[1]} on {arch}); "
             f"then {CORAL_APT.split(' && ')[-1]} for the Edge TPU delegate")

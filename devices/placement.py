@@ -38,7 +38,7 @@ __all__ = ["OffloadReport", "Placement", "Target", "resolve_placement", "cpu_pla
 ALL_LAYERS = 999
 CUDA_KINDS = (AcceleratorKind.NVIDIA_GPU, AcceleratorKind.JETSON_GPU)
 EDGETPU_KINDS = (AcceleratorKind.EDGETPU_USB, AcceleratorKind.EDGETPU_PCIE)
-CUDA_BUILD = "build with CMAKE_ARGS=-DGGML_CUDA=on pip install --force-reinstall --no-cache-dir llama-cpp-python==0.3.36"
+CUDA_BUILD = f"build with {BACKENDS[BackendName.LLAMACPP].gpu_build}"
 EDGETPU_RUNTIME = "install the Edge TPU runtime: apt-get install libedgetpu1-std (from the Coral apt repository)"
 
 

@@ -29,13 +29,13 @@ from typing import Any
 
 import numpy as np
 
-from devices.backends import BackendName
+from devices.backends import BACKENDS, BackendName
 from runtime.backends.base import ClassifierBackend, Offload, Placed, TensorInfo
 from runtime.errors import BackendError, BadInput, MissingDependency, one_line
 from runtime.model_files import check_tflite
 
 log = logging.getLogger(__name__)
-INSTALL = "pip install ai-edge-litert==2.3.0"
+INSTALL = BACKENDS[BackendName.LITERT].install
 DELEGATE_OP = "DELEGATE"  # what a delegated partition shows as in the op list
 EDGETPU_LIBRARY = "libedgetpu.so.1"
 EDGETPU_CUSTOM_OP = b"edgetpu-custom-op"  # the one op edgetpu_compiler writes for the part the Edge TPU runs

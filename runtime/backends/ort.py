@@ -18,13 +18,13 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from devices.backends import BackendName
+from devices.backends import BACKENDS, BackendName
 from runtime.backends.base import ClassifierBackend, CpuFeatures, Offload, Placed, TensorInfo
 from runtime.errors import BadInput, MissingDependency, one_line
 from runtime.model_files import check_onnx
 
 log = logging.getLogger(__name__)
-INSTALL = "pip install onnxruntime==1.32.0"
+INSTALL = BACKENDS[BackendName.ORT].install
 ORT_DTYPES = {"tensor(float)": "float32", "tensor(int8)": "int8", "tensor(uint8)": "uint8"}
 CPU_PROVIDER = "CPUExecutionProvider"
 # Session config keys (onnxruntime_session_options_config_keys.h).

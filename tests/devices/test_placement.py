@@ -142,7 +142,7 @@ def test_missing_backend_package_names_the_install_command(monkeypatch):
 def test_missing_onnxruntime_and_litert_are_not_installed(monkeypatch):
     for name in ("onnxruntime", "ai_edge_litert", "ai_edge_litert.interpreter", "tflite_runtime", "tflite_runtime.interpreter"):
         monkeypatch.setitem(sys.modules, name, None)
-    assert probe("ort").install == "pip install onnxruntime" and not probe("ort").installed
+    assert probe("ort").install == "pip install onnxruntime==1.32.0" and not probe("ort").installed
     assert not probe("litert").installed
 
 
