@@ -143,12 +143,23 @@ async def arun_load(spec: LoadSpec, client: httpx.AsyncClient | None = None) -> 
                     return
                 priority = pick_priority(spec.mix, rng)
                 prompt = spec.prompts[n % len(spec.prompts)]
-                hang_up = rng.randint(1, 8) if rng.random() < spec.disconnect_fraction else None
-                out = await stream_one(client, spec.base, spec.api,
-                                       request_body(spec.api, prompt, model, spec.max_tokens, spec.temperature),
-                                       request_headers(priority, api_key=spec.api_key, use_cache=spec.use_cache,
-                                                       deadline_ms=spec.deadline_ms),
-                                       priority=priority, timeout_s=spec.request_timeout_s, hang_up_after=hang_up)
+                # a client that goes away: after a few chunks, or (one in three) after a moment, queued or not
+                hang_up = hang_up_s = None
+                if rng.random() < spec.disconnect_fraction:
+                    if rng.random() < 1 / 3:
+                        hang_up_s = rng.uniform(0.1, 1.0)
+                    else:
+                        hang_up = rng.randint(1, 8)
+                call = stream_one(client, spec.base, spec.api,
+                                  request_body(spec.api, prompt, model, spec.max_tokens, spec.temperature),
+                                  request_headers(priority, api_key=spec.api_key, use_cache=spec.use_cache,
+                                                  deadline_ms=spec.deadline_ms),
+                                  priority=priority, timeout_s=spec.request_timeout_s, hang_up_after=hang_up)
+                sent = time.monotonic()
+                try:
+                    out = await (asyncio.wait_for(call, hang_up_s) if hang_up_s is not None else call)
+                except asyncio.TimeoutError:  # cancelled mid-request: httpx closes the connection
+                    out = Outcome(status="disconnected", priority=priority, started=sent, total_s=time.monotonic() - sent)
                 outcomes.append(out)
                 if out.status in ("rejected", "error"):
                     try:

@@ -38,13 +38,14 @@ class Stub:
     seen: list[dict] = field(default_factory=list)  # per request: headers and body
     hung_up: int = 0  # streams the client left before the end
     landed: int = 0  # requests that followed a redirect
+    hung_up_early: int = 0  # of those, before the first chunk
     sem: asyncio.Semaphore | None = None
     port: int = 0
 
     def reset(self, slots: int = 8, ttft_s: float = 0.0, token_s: float = 0.0) -> None:
         self.slots, self.ttft_s, self.token_s = slots, ttft_s, token_s
         self.seen.clear()
-        self.hung_up = self.landed = 0
+        self.hung_up = self.landed = self.hung_up_early = 0
         self.sem = None  # made on the server's loop at the next request
 
     @property
@@ -77,7 +78,7 @@ def _app(stub: Stub) -> Starlette:
             return "data: " + json.dumps({"object": "chunk", "choices": [choice]}) + "\n\n"
 
         async def events():
-            finished = False
+            finished = sent = False
             async with stub.sem:
                 try:
                     await asyncio.sleep(stub.ttft_s)
@@ -85,6 +86,7 @@ def _app(stub: Stub) -> Starlette:
                         if i:
                             await asyncio.sleep(stub.token_s)
                         yield chunk(f" t{i}")
+                        sent = True
                         if "deadline" in text and i == 1:
                             yield "data: " + json.dumps({"error": {"message": "deadline passed", "type": "timeout",
                                                                    "code": "deadline_exceeded"}}) + "\n\n"
@@ -99,6 +101,7 @@ def _app(stub: Stub) -> Starlette:
                 finally:
                     if not finished:
                         stub.hung_up += 1
+                        stub.hung_up_early += not sent
 
         return StreamingResponse(events(), media_type="text/event-stream")
 
@@ -325,14 +328,17 @@ def test_a_refusing_server_is_not_spun_on(tmp_path: Path, fresh: Stub) -> None:
 
 
 def test_clients_that_hang_up_are_counted_and_the_server_sees_it(fresh: Stub) -> None:
-    fresh.reset(token_s=0.05)
-    report = run_load(LoadSpec(base=fresh.url, concurrency=2, duration_s=30, max_tokens=40, max_requests=4,
+    # a stream lasts 1 + 39 x 0.05 s: every hang-up (after 1-8 chunks, or after 0.1-1 s) comes before its end,
+    # and one after 0.1-1 s comes before the first chunk (a client that leaves while its request waits)
+    fresh.reset(ttft_s=1.0, token_s=0.05)
+    report = run_load(LoadSpec(base=fresh.url, concurrency=4, duration_s=30, max_tokens=40, max_requests=12,
                                disconnect_fraction=1.0))
-    assert report.counts["disconnected"] == 4
+    assert report.counts["disconnected"] == 12, report.counts
     deadline = time.monotonic() + 5
-    while fresh.hung_up < 4 and time.monotonic() < deadline:
+    while fresh.hung_up < 12 and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert fresh.hung_up == 4
+    assert fresh.hung_up == 12
+    assert 0 < fresh.hung_up_early < 12, fresh.hung_up_early  # both kinds: before the first chunk, and mid-stream
 
 
 def test_capacity_search_finds_the_highest_concurrency_meeting_the_target(capsys, fresh: Stub) -> None:
