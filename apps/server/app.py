@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import threading
@@ -19,6 +20,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.middleware.cors import CORSMiddleware
@@ -34,6 +36,7 @@ from apps.server.state import ServerState
 from runtime.errors import BadInput, EdgerunError
 
 log = logging.getLogger(__name__)
+SWEEP_S = 5.0  # keep_alive is checked this often (seconds)
 Handler = Callable[[Request, ServerState, "ApiKey | None"], Awaitable[Response]]
 
 
@@ -118,9 +121,11 @@ def create_app(state: ServerState, *, load: bool = True) -> Starlette:
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         if load and not state.ready.is_set():
             threading.Thread(target=_start, args=(state,), daemon=True, name="edgerun-load").start()
+        sweeper = asyncio.create_task(_sweep(state))
         try:
             yield
         finally:
+            sweeper.cancel()
             state.close()
 
     routes = [
@@ -139,11 +144,21 @@ def create_app(state: ServerState, *, load: bool = True) -> Starlette:
         middleware.append(Middleware(
             CORSMiddleware, allow_origins=list(state.config.cors_origins), allow_methods=["GET", "POST"],
             allow_headers=["authorization", "content-type", "cache-control", "x-priority", "x-deadline-ms"],
-            expose_headers=["x-edgerun-truncated", "retry-after"]))
+            expose_headers=["x-edgerun-truncated", "x-edgerun-priority", "x-edgerun-cache", "retry-after"]))
     app = Starlette(routes=routes, middleware=middleware, lifespan=lifespan,
                     exception_handlers={HTTPException: _http_error})
     app.state.edgerun = state
     return app
+
+
+async def _sweep(state: ServerState) -> None:
+    """Unload models idle past their keep_alive, now and then."""
+    while True:
+        await asyncio.sleep(SWEEP_S)
+        try:
+            await run_in_threadpool(state.models.sweep)
+        except Exception:  # logged; the next sweep tries again
+            log.exception("keep-alive sweep failed")
 
 
 def _start(state: ServerState) -> None:

@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import threading
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -22,6 +23,7 @@ from apps.server.sse import DONE, EventStream, event
 from runtime.errors import BackendError, Cancelled, EdgerunError
 
 log = logging.getLogger(__name__)
+STOP_WAIT_S = 60.0  # a cancelled generation stops within one decode step; this is the bound of waiting for that
 
 
 def _model_version(model: Any) -> str:
@@ -56,7 +58,7 @@ async def generate(request: Request, state: Any, key: ApiKey | None, chat: bool)
         if hit is not None:
             outcome.cache = "hit"
             lease.close()
-            return _replay(chat, rid, args, hit, outcome)
+            return _replay(chat, rid, args, hit, outcome, {"X-Edgerun-Priority": priority.name.lower()})
         handle, truncations = await run_in_threadpool(
             svc.submit, messages=args.messages, prompt=args.prompt, params=params, priority=priority, deadline=deadline,
             truncate=args.truncate)
@@ -72,7 +74,7 @@ async def generate(request: Request, state: Any, key: ApiKey | None, chat: bool)
         raise
     if first is None:  # the client went away
         return Response(status_code=499)
-    headers = api.truncated_header(list(truncations))
+    headers = {"X-Edgerun-Priority": priority.name.lower(), **api.truncated_header(list(truncations))}
     if args.stream:
         return EventStream(run.stream(chat, rid, args, first), headers)
     return await run.whole(chat, rid, args, first, headers)
@@ -94,11 +96,12 @@ def _cache_key(state: Any, request: Request, outcome: Outcome, chat: bool, args:
     return cache.key(f"{outcome.served}@{version}", settings, {"chat": chat, **args.cache_payload()})
 
 
-def _replay(chat: bool, rid: str, args: api.GenArgs, hit: tuple[str, Any], outcome: Outcome) -> Response:
+def _replay(chat: bool, rid: str, args: api.GenArgs, hit: tuple[str, Any], outcome: Outcome,
+            headers: dict[str, str]) -> Response:
     text, result = hit
     outcome.first_token()
     outcome.finish(result=result)
-    headers = {"X-Edgerun-Cache": "hit", **api.truncated_header(list(result.truncations))}
+    headers = {**headers, "X-Edgerun-Cache": "hit", **api.truncated_header(list(result.truncations))}
     if not args.stream:
         return JSONResponse(api.completion(chat, rid, args.model, text, result), headers=headers)
 
@@ -110,6 +113,16 @@ def _replay(chat: bool, rid: str, args: api.GenArgs, hit: tuple[str, Any], outco
         yield DONE
 
     return EventStream(body(), headers)
+
+
+def _release_when_done(handle: Any, lease: contextlib.ExitStack) -> None:
+    try:
+        handle.result(timeout=STOP_WAIT_S)
+    except TimeoutError:
+        log.error("a cancelled generation did not stop within %.0f s; its model lease is released anyway", STOP_WAIT_S)
+    except Exception:  # its error (Cancelled, DeadlineExceeded) was answered already
+        pass
+    lease.close()
 
 
 class _Run:
@@ -146,12 +159,16 @@ class _Run:
         if self.closed:
             return
         self.closed = True
-        if result is None:
-            self.handle.cancel()  # frees its slot within one decode step
-        elif self.cache_key is not None and not result.truncations:
-            self.state.cache.put(self.cache_key, (text, result), len(text.encode()) + 512)
-        self.lease.close()
         self.outcome.finish(result=result, error=error)
+        if result is not None:
+            if self.cache_key is not None and not result.truncations:
+                self.state.cache.put(self.cache_key, (text, result), len(text.encode()) + 512)
+            self.lease.close()
+            return
+        self.handle.cancel()  # frees its slot within one decode step
+        # The model stays leased until the generation has really stopped: never unloaded under a running step.
+        threading.Thread(target=_release_when_done, args=(self.handle, self.lease), daemon=True,
+                         name="edgerun-release").start()
 
     async def whole(self, chat: bool, rid: str, args: api.GenArgs, ev: Any, headers: dict[str, str]) -> Response:
         parts: list[str] = []

@@ -23,8 +23,8 @@ log = logging.getLogger(__name__)
 
 
 def too_long(tokens: int, limit: int, what: str) -> BadInput:
-    return BadInput(f"the {what} is {tokens} tokens; this model's context holds {limit} with room to answer: "
-                    "shorten it, or send \"truncate\": true to drop its oldest part")
+    return BadInput(f"the {what} is {tokens} tokens; this model's context holds {limit} prompt tokens with room to "
+                    "answer: shorten it, or send \"truncate\": true to drop its oldest part")
 
 
 @dataclass
@@ -71,11 +71,26 @@ class _Handle:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._queue: asyncio.Queue[Event] | None = None
         self.cancelled = threading.Event()
+        self._final: Event | None = None
+        self._finished = threading.Event()
 
     def cancel(self) -> None:
         self.cancelled.set()
 
+    def result(self, timeout: float | None = None) -> Result:
+        """Blocks until the generation ends: its Result, or its error raised."""
+        if not self._finished.wait(timeout):
+            raise TimeoutError("the generation has not ended")
+        assert self._final is not None
+        if self._final.error is not None:
+            raise self._final.error
+        assert self._final.result is not None
+        return self._final.result
+
     def put(self, ev: Event) -> None:
+        if ev.kind != "text":
+            self._final = ev
+            self._finished.set()
         with self._lock:
             if self._queue is None or self._loop is None:
                 self._pending.append(ev)
@@ -116,18 +131,18 @@ class SingleStream:
         return self.llm.params(**overrides)
 
     def stats(self) -> dict[str, Any]:
-        return {"slots_busy": self._busy, "n_slots": 1, "queued": self._waiting}
+        return {"slots_busy": self._busy, "n_slots": 1, "queued": self._waiting, "prefix_cache": self.llm.prefix_cache.stats()}
 
     def submit(self, *, messages: list[dict[str, str]] | None, prompt: str | None, params: SamplingParams,
                priority: Any, deadline: float | None, truncate: bool) -> tuple[_Handle, list[Truncation]]:
+        room = max(1, min(params.max_tokens, self.llm.n_ctx // 4))  # what runtime.generation keeps free to answer
         if messages is not None:
             gen = self.llm.chat(messages, params)
-            if gen.truncations and not truncate:
-                n = sum(t.tokens_dropped for t in gen.truncations)
-                raise too_long(len(gen.prompt) + n, self.llm.n_ctx, "conversation")
+            n = len(gen.prompt) + sum(t.tokens_dropped for t in gen.truncations)
+            if (gen.truncations or len(gen.prompt) + room > self.llm.n_ctx) and not truncate:
+                raise too_long(n, self.llm.n_ctx - room, "conversation")
         else:
             tokens = self.llm.tokenize(prompt)
-            room = max(1, min(params.max_tokens, self.llm.n_ctx // 4))
             if len(tokens) + room > self.llm.n_ctx and not truncate:
                 raise too_long(len(tokens), self.llm.n_ctx - room, "prompt")
             gen = self.llm.start(tokens, params)

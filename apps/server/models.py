@@ -1,21 +1,22 @@
 """The served models by public name: what kind each is, and a lease on the loaded model while a request uses it.
 
 Loading, eviction and the one memory plan are runtime.residency.ResidencyManager's; this module only turns the
-serve config's [[models]] into its ModelSpecs and finds the kind of each model from its bundle.
+serve config's [[models]] into its ModelSpecs (finding each model's kind from its bundle) and leases from it.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import threading
-from collections.abc import Iterator
 from typing import Any
 
 from apps.server.config import ModelEntry, ServeConfig
 from runtime.errors import BadInput
+from runtime.residency import ModelSpec, ResidencyManager
 
 log = logging.getLogger(__name__)
+OPTIONS = {"llm": ("slots", "ctx", "threads"), "vision": ("batch", "threads"), "audio": ("threads",)}
+LEASE_WAIT_S = 30.0  # how long a request waits for leased models in its way to be released before DoesNotFit
 
 
 def kind_of(entry: ModelEntry) -> str:
@@ -28,60 +29,46 @@ def kind_of(entry: ModelEntry) -> str:
     return resolve(entry.ref).manifest.kind.value
 
 
-class StaticModels:
-    """Every configured model loaded at start and kept (a build without runtime.residency)."""
+def spec_of(entry: ModelEntry, kind: str, slots: int) -> ModelSpec:
+    bad = sorted(set(entry.options) - set(OPTIONS[kind]))
+    if bad:
+        raise BadInput(f"model {entry.name!r} ({kind}): option {bad[0]!r} does not apply (valid: {', '.join(OPTIONS[kind])})")
+    options = dict(entry.options)
+    if kind == "llm":
+        options.setdefault("slots", slots)
+    keep = None if entry.keep_alive < 0 else entry.keep_alive
+    return ModelSpec(entry.name, entry.ref, kind, pinned=entry.pinned, keep_alive_s=keep, options=options)
 
-    def __init__(self, config: ServeConfig) -> None:
+
+class Models:
+    def __init__(self, config: ServeConfig, manager: ResidencyManager | None = None) -> None:
+        from runtime.plan import default_budget
+
         self.config = config
+        self.manager = manager if manager is not None else ResidencyManager(config.memory or default_budget())
         self.kinds: dict[str, str] = {}
-        self._loaded: dict[str, Any] = {}
-        self._lock = threading.Lock()
 
     def add(self, entry: ModelEntry) -> None:
-        self.kinds[entry.name] = kind_of(entry)
+        kind = kind_of(entry)
+        self.manager.add(spec_of(entry, kind, self.config.slots))
+        self.kinds[entry.name] = kind
 
     def load_pinned(self) -> None:
+        """Load the pinned models and the default one now, so the first request does not wait for them."""
         for entry in self.config.models:
-            with self.acquire(entry.name):
-                pass
+            if entry.pinned or entry.name == self.config.default_model:
+                with self.acquire(entry.name):
+                    pass
 
-    def _load(self, entry: ModelEntry) -> Any:
-        kind, opts, memory = self.kinds[entry.name], entry.options, self.config.memory
-        if kind == "llm":
-            try:
-                from runtime.engine import Engine
-            except ImportError:
-                from runtime.llm import LLM
-
-                return LLM.load(entry.ref, memory=memory, ctx=opts.get("ctx"), threads=opts.get("threads"))
-            return Engine.load(entry.ref, memory=memory, slots=opts.get("slots", self.config.slots), ctx=opts.get("ctx"),
-                               threads=opts.get("threads"), max_queued=self.config.limits.max_queued)
-        if kind == "vision":
-            from runtime.classifier import Classifier
-
-            return Classifier.load(entry.ref, threads=opts.get("threads"), memory=memory, batch=opts.get("batch", 1))
-        if kind == "audio":
-            from runtime.audio_classifier import AudioClassifier
-
-            return AudioClassifier.load(entry.ref, threads=opts.get("threads"))
-        raise BadInput(f"model {entry.name!r}: unknown kind {kind!r}")
-
-    @contextlib.contextmanager
-    def acquire(self, name: str) -> Iterator[Any]:
-        with self._lock:
-            if name not in self._loaded:
-                entry = self.config.model(name)
-                assert entry is not None
-                self._loaded[name] = self._load(entry)
-                log.info("loaded %s (%s)", name, entry.ref)
-            model = self._loaded[name]
-        yield model
+    def acquire(self, name: str) -> contextlib.AbstractContextManager[Any]:
+        return self.manager.acquire(name, wait_s=LEASE_WAIT_S)
 
     def resident(self) -> list[dict[str, Any]]:
-        return [{"name": n, "kind": self.kinds[n]} for n in self._loaded]
+        return self.manager.resident()
+
+    def sweep(self) -> list[str]:
+        return self.manager.sweep()
 
     def close(self) -> None:
-        with self._lock:
-            for model in self._loaded.values():
-                model.close()
-            self._loaded.clear()
+        self.manager.close()
+

@@ -10,16 +10,21 @@ from starlette.requests import Request
 
 from apps.server.openai_api import UnknownModel, check_deadline_ms
 from apps.server.security import ApiKey, check_model_name
+from runtime.errors import BadInput
 from runtime.scheduler import Priority
 
 
 def route_model(state: Any, name: object) -> str:
     """The model entry that serves the public ``name``: checked as a name before any lookup (400), unknown (404),
     or split by its canary router."""
-    name = check_model_name(name)
-    if state.config.model(name) is None:
-        served = ", ".join(m.name for m in state.config.models)
-        raise UnknownModel(f"model {name!r} is not served here; served: {served}")
+    try:
+        name = check_model_name(name)
+        if state.config.model(name) is None:
+            served = ", ".join(m.name for m in state.config.models)
+            raise UnknownModel(f"model {name!r} is not served here; served: {served}")
+    except BadInput as exc:
+        exc.param = "model"  # type: ignore[attr-defined]  # OpenAI's error names the field
+        raise
     router = state.canaries.get(name)
     return router.pick() if router is not None else name
 

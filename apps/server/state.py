@@ -14,9 +14,10 @@ from apps.server.canary import CanaryRouter
 from apps.server.config import ServeConfig
 from apps.server.llm_service import EngineService, SingleStream
 from apps.server.metrics import ServerMetrics
-from apps.server.models import StaticModels
+from apps.server.models import Models
 from apps.server.security import ApiKeys, load_keys
 from runtime.errors import EdgerunError, one_line
+from runtime.result_cache import ResultCache
 from runtime.safety import Blocklist, FilterChain, RegexFilter, SizeLimit
 
 log = logging.getLogger(__name__)
@@ -26,9 +27,9 @@ class ServerState:
     def __init__(self, config: ServeConfig, keys: ApiKeys | None = None) -> None:
         self.config = config
         self.keys = keys if keys is not None else load_keys(config.api_keys_file)
-        self.models = StaticModels(config)
+        self.models = Models(config)
         self.metrics = ServerMetrics(queue_depth=self._queue_depth, slots_busy=self._slots_busy,
-                                     resident=self.models.resident)
+                                     resident=self.models.resident, caches=self._cache_counts)
         f = config.filters
         filters: list[Any] = [SizeLimit(f.max_chars)]
         if f.blocklist:
@@ -36,7 +37,8 @@ class ServerState:
         if f.regex:
             filters.append(RegexFilter(f.regex))
         self.filters = FilterChain(filters)
-        self.cache: Any = None  # runtime.result_cache.ResultCache when limits.result_cache > 0
+        limits = config.limits
+        self.cache = ResultCache(limits.result_cache, limits.result_cache_ttl_s) if limits.result_cache > 0 else None
         self.canaries = {r.model: CanaryRouter(r.model, r.canary, r.fraction, margin_error=r.margin_error,
                                                margin_p95=r.margin_p95, min_requests=r.min_requests)
                          for r in config.canary}
@@ -82,6 +84,18 @@ class ServerState:
         with self._lock:
             services = [(name, svc) for _, svc, name in self._services.values()]
         return {name: svc.stats() for name, svc in services}
+
+    def _cache_counts(self) -> dict[str, dict[str, int]]:
+        out: dict[str, dict[str, int]] = {}
+        if self.cache is not None:
+            out["result"] = self.cache.stats()
+        prefix = {"hits": 0, "misses": 0}
+        for stats in self._llm_stats().values():
+            cache = stats.get("prefix_cache", {})
+            for kind in prefix:
+                prefix[kind] += int(cache.get(kind, 0))
+        out["prefix"] = prefix
+        return out
 
     def _queue_depth(self) -> dict[str, dict[str, int]]:
         out = {}

@@ -1,0 +1,213 @@
+"""edgerun serve end to end: the official `openai` client and curl against the real server over the default model
+(tests/apps/conftest.py: 2 slots, 2 queued per class, 512-token context per slot)."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from openai import OpenAI
+
+from tests.apps.conftest import SERVE_CTX
+from tests.apps.serve_harness import LiveServer
+
+NO_STORE = {"Cache-Control": "no-store"}  # generate for real, not from the result cache
+COUNT = "Count to one thousand: 1, 2, 3, 4, 5,"
+ENDLESS = ", ".join(str(i) for i in range(1, 41)) + ","  # greedy, the model counts on for as long as it may
+
+
+@pytest.fixture(scope="module")
+def client(llm_server: LiveServer) -> OpenAI:
+    return OpenAI(base_url=llm_server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+def test_openai_chat_whole_and_streamed_agree(client: OpenAI) -> None:
+    messages = [{"role": "user", "content": "Name three colors."}]
+    whole = client.chat.completions.create(model="default", messages=messages, max_tokens=16, temperature=0,
+                                           extra_headers=NO_STORE)
+    assert whole.object == "chat.completion" and whole.model == "default"
+    text = whole.choices[0].message.content
+    assert text and whole.choices[0].message.role == "assistant"
+    assert whole.usage.completion_tokens <= 16 and whole.usage.prompt_tokens > 5
+    assert whole.usage.total_tokens == whole.usage.prompt_tokens + whole.usage.completion_tokens
+
+    stream = client.chat.completions.create(model="default", messages=messages, max_tokens=16, temperature=0, stream=True,
+                                            stream_options={"include_usage": True}, extra_headers=NO_STORE)
+    pieces, finish, usage = [], None, None
+    for chunk in stream:
+        if chunk.usage is not None:
+            usage = chunk.usage
+        for choice in chunk.choices:
+            pieces.append(choice.delta.content or "")
+            finish = choice.finish_reason or finish
+    assert "".join(pieces) == text  # greedy: the stream is the same answer, piece by piece
+    assert len([p for p in pieces if p]) > 1
+    assert finish == whole.choices[0].finish_reason
+    assert usage is not None and usage.completion_tokens == whole.usage.completion_tokens
+
+
+def test_openai_completions_whole_and_streamed_agree(client: OpenAI) -> None:
+    whole = client.completions.create(model="default", prompt=COUNT, max_tokens=12, temperature=0, extra_headers=NO_STORE)
+    assert whole.object == "text_completion" and whole.choices[0].finish_reason == "length"
+    assert whole.usage.completion_tokens == 12
+    streamed = "".join(c.choices[0].text for c in client.completions.create(
+        model="default", prompt=COUNT, max_tokens=12, temperature=0, stream=True, extra_headers=NO_STORE) if c.choices)
+    assert streamed == whole.choices[0].text and "6" in streamed
+
+
+def test_sampling_fields_reach_the_model(client: OpenAI) -> None:
+    def ask(**kw) -> str:
+        return client.completions.create(model="default", prompt="Once upon a time", max_tokens=20,
+                                         extra_headers=NO_STORE, **kw).choices[0].text
+
+    assert ask(temperature=1.0, top_p=0.9, seed=11) == ask(temperature=1.0, top_p=0.9, seed=11)  # seed repeats
+    assert len({ask(temperature=1.5, seed=s) for s in (1, 2, 3)}) > 1  # and different seeds differ
+    stopped = client.completions.create(model="default", prompt=COUNT, max_tokens=30, temperature=0, stop=[" 8"],
+                                        extra_headers=NO_STORE)
+    assert stopped.choices[0].finish_reason == "stop" and " 8" not in stopped.choices[0].text
+    assert stopped.choices[0].text.rstrip().endswith("7,")
+
+
+def test_curl_sse_framing(llm_server: LiveServer) -> None:
+    body = json.dumps({"model": "default", "prompt": COUNT, "max_tokens": 8, "temperature": 0, "stream": True,
+                       "stream_options": {"include_usage": True}})
+    out = subprocess.run(["/usr/bin/curl", "-sS", "-N", "-i", "-H", "Content-Type: application/json", "-H",
+                          "Cache-Control: no-store", "-d", body, llm_server.url + "/v1/completions"],
+                         capture_output=True, timeout=120, check=True).stdout.decode()
+    head, _, stream = out.partition("\r\n\r\n")
+    assert "content-type: text/event-stream" in head.lower()
+    assert stream.endswith("\n\n") and "\r" not in stream
+    events = stream[:-2].split("\n\n")
+    assert all(e.startswith("data: ") and "\n" not in e for e in events), events
+    assert events[-1] == "data: [DONE]"
+    chunks = [json.loads(e[6:]) for e in events[:-1]]
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 8
+    assert chunks[-2]["choices"][0]["finish_reason"] == "length"
+
+
+def test_too_long_prompt_is_refused_with_count_and_limit_unless_truncate(llm_server: LiveServer) -> None:
+    prompt = "word " * (SERVE_CTX * 2)
+    status, _, body = llm_server.request("POST", "/v1/completions", {"model": "default", "prompt": prompt, "max_tokens": 4})
+    assert status == 400
+    message = json.loads(body)["error"]["message"]
+    n_tokens = int(message.split(" is ")[1].split(" tokens")[0])
+    assert n_tokens > SERVE_CTX and "truncate" in message and str(SERVE_CTX - 4) in message
+    status, headers, body = llm_server.request("POST", "/v1/completions", {"model": "default", "prompt": prompt,
+                                                                           "max_tokens": 4, "truncate": True}, NO_STORE)
+    assert status == 200
+    usage = json.loads(body)["usage"]
+    dropped = usage["truncated"]["tokens_dropped"]
+    assert dropped > SERVE_CTX // 2 and headers["x-edgerun-truncated"] == f"tokens={dropped}, messages=0"
+
+
+def test_too_long_conversation_drops_turns_only_when_asked(llm_server: LiveServer) -> None:
+    turns = []
+    for i in range(12):
+        turns += [{"role": "user", "content": f"Tell me fact number {i} about the sea, in detail please."},
+                  {"role": "assistant", "content": "The sea is deep and wide and full of life. " * 4}]
+    turns.append({"role": "user", "content": "Thanks!"})
+    req = {"model": "default", "messages": turns, "max_tokens": 4}
+    status, _, body = llm_server.request("POST", "/v1/chat/completions", req)
+    assert status == 400 and "conversation is" in json.loads(body)["error"]["message"]
+    status, headers, body = llm_server.request("POST", "/v1/chat/completions", {**req, "truncate": True}, NO_STORE)
+    assert status == 200
+    truncated = json.loads(body)["usage"]["truncated"]
+    assert truncated["messages_dropped"] >= 2 and headers["x-edgerun-truncated"].endswith(
+        f"messages={truncated['messages_dropped']}")
+
+
+def test_result_cache_hit_and_no_store(llm_server: LiveServer) -> None:
+    req = {"model": "default", "prompt": "The capital of France is", "max_tokens": 6, "temperature": 0}
+    first = llm_server.request("POST", "/v1/completions", req)
+    assert first[0] == 200 and "x-edgerun-cache" not in first[1]
+    hits = llm_server.metric("edgerun_cache_hits_total", cache="result")
+    t0 = time.perf_counter()
+    second = llm_server.request("POST", "/v1/completions", req)
+    hit_s = time.perf_counter() - t0
+    assert second[1].get("x-edgerun-cache") == "hit" and hit_s < 1.0
+    assert json.loads(second[2])["choices"] == json.loads(first[2])["choices"]
+    assert llm_server.metric("edgerun_cache_hits_total", cache="result") == hits + 1
+    third = llm_server.request("POST", "/v1/completions", req, NO_STORE)
+    assert "x-edgerun-cache" not in third[1]
+    sampled = {**req, "temperature": 0.9}  # neither greedy nor seeded: never cached
+    llm_server.request("POST", "/v1/completions", sampled)
+    assert "x-edgerun-cache" not in llm_server.request("POST", "/v1/completions", sampled)[1]
+
+
+def test_tiny_deadline_is_504(llm_server: LiveServer) -> None:
+    req = {"model": "default", "prompt": COUNT, "max_tokens": 200}
+    status, _, body = llm_server.request("POST", "/v1/completions", req, {**NO_STORE, "X-Deadline-Ms": "1"})
+    assert status == 504 and json.loads(body)["error"]["code"] == "deadline_exceeded"
+    status, _, _ = llm_server.request("POST", "/v1/completions", {**req, "deadline_ms": 1}, NO_STORE)
+    assert status == 504
+
+
+def _slots_free(server: LiveServer, within_s: float) -> bool:
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        if server.metric("edgerun_slots_busy", model="default") == 0:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_disconnecting_client_frees_its_slot(llm_server: LiveServer, stream: bool) -> None:
+    cancelled = llm_server.metric("edgerun_requests_total", model="default", status="cancelled") or 0
+    body = json.dumps({"model": "default", "prompt": ENDLESS, "max_tokens": 4000, "temperature": 0, "stream": stream}).encode()
+    sock = socket.create_connection(("127.0.0.1", llm_server.port))
+    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nCache-Control: no-store\r\n"
+                 + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+    if stream:
+        assert b"data: " in sock.recv(65536)  # generating
+    else:
+        time.sleep(1.0)
+        assert llm_server.metric("edgerun_slots_busy", model="default") == 1
+    sock.close()
+    # 4000 tokens would take minutes here; the slot is free within a moment of the client leaving.
+    assert _slots_free(llm_server, 5.0)
+    deadline = time.monotonic() + 5
+    while (llm_server.metric("edgerun_requests_total", model="default", status="cancelled") or 0) <= cancelled:
+        assert time.monotonic() < deadline, "the request was not counted as cancelled"
+        time.sleep(0.05)
+
+
+def test_full_queue_is_429_with_retry_after(llm_server: LiveServer) -> None:
+    req = {"model": "default", "prompt": COUNT, "max_tokens": 48}
+    with ThreadPoolExecutor(10) as pool:
+        answers = list(pool.map(lambda _: llm_server.request("POST", "/v1/completions", req, NO_STORE), range(10)))
+    statuses = sorted(a[0] for a in answers)
+    assert set(statuses) == {200, 429} and statuses.count(200) >= 3, statuses
+    for status, headers, body in answers:
+        if status == 429:
+            assert int(headers["retry-after"]) >= 1
+            assert json.loads(body)["error"]["code"] == "queue_full"
+    assert _slots_free(llm_server, 30)
+
+
+def test_metrics_show_the_issue_figures(llm_server: LiveServer, client: OpenAI) -> None:
+    client.completions.create(model="default", prompt="Hello", max_tokens=4, extra_headers=NO_STORE)
+    status, headers, body = llm_server.request("GET", "/metrics")
+    assert status == 200 and headers["content-type"].startswith("text/plain")
+    text = body.decode()
+    for name in ('edgerun_ttft_seconds_bucket{le="0.005",model="default"', "edgerun_request_seconds_bucket",
+                 'edgerun_tokens_total{kind="completion",model="default"}', 'edgerun_tokens_total{kind="prompt"',
+                 "edgerun_requests_total", 'edgerun_cache_hits_total{cache="prefix"}', 'edgerun_cache_hits_total{cache="result"}',
+                 'edgerun_queue_depth{model="default",priority="interactive"}', 'edgerun_slots_busy{model="default"}',
+                 "edgerun_resident_models 1.0", 'edgerun_model_planned_bytes{kind="llm",model="default"',
+                 "edgerun_process_rss_bytes", 'edgerun_tokens_per_second{model="default"}'):
+        assert name in text, name
+    planned = llm_server.metric("edgerun_model_planned_bytes", kind="llm", model="default")
+    assert planned and planned > 50e6  # the 135M model's weights alone are ~90 MB
+
+
+def test_priority_header_and_body_are_used(llm_server: LiveServer) -> None:
+    req = {"model": "default", "prompt": "Hi", "max_tokens": 2}
+    assert llm_server.request("POST", "/v1/completions", req, NO_STORE)[1]["x-edgerun-priority"] == "interactive"
+    assert llm_server.request("POST", "/v1/completions", {**req, "priority": "batch"}, NO_STORE)[1]["x-edgerun-priority"] == "batch"
+    headers = {**NO_STORE, "X-Priority": "urgent"}
+    assert llm_server.request("POST", "/v1/completions", req, headers)[1]["x-edgerun-priority"] == "urgent"
