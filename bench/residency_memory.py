@@ -1,7 +1,8 @@
 """Summed residency plans against measured RSS, several LLMs in one process (runtime.residency's docstring).
 
 Loads SmolLM2 Q4_1, a second SmolLM2 (a second llama.cpp context of the same file) and Gemma 3 270M one after
-another through one ResidencyManager (ctx 512, f16 KV, 8 MiB prefix cache, one thread), generates 8 tokens
+another through one ResidencyManager (ctx 512, f16 KV, 8 MiB prefix cache, one thread; runtime.engine.Engine
+with its default slots when present, else runtime.llm.LLM), generates 8 tokens
 with each so that its weights are touched, and reports after each load the RSS the model added against its
 own plan (its total less the runtime term, which the manager counts once), and the process RSS against the
 manager's sum. Prints JSON; the models are built into the store on first use.
@@ -33,12 +34,19 @@ def main() -> None:
             models.add(ModelSpec(name, ref, "llm", options=options))
             before = rss_bytes()
             with models.acquire(name) as llm:
-                llm.generate(llm.tokenize("hello there, how are you"), llm.params(max_tokens=8, temperature=0.0))
+                tokens, params = llm.tokenize("hello there, how are you"), llm.params(max_tokens=8, temperature=0.0)
+                if hasattr(llm, "submit"):  # runtime.engine.Engine (the default loader's choice when present)
+                    from runtime.engine import GenRequest
+
+                    llm.generate(GenRequest(tokens, params))
+                else:
+                    llm.generate(tokens, params)
                 own = models.planned_bytes(name) - llm.plan.runtime_bytes
             rows.append({"model": name, "own_plan_mib": round(own / MiB, 1),
                          "rss_added_mib": round((rss_bytes() - before) / MiB, 1),
                          "process_rss_mib": round(rss_bytes() / MiB, 1),
-                         "summed_plans_mib": round(models.used_bytes() / MiB, 1)})
+                         "summed_plans_mib": round(models.used_bytes() / MiB, 1), "loaded_as": type(llm).__name__,
+                         "slots": getattr(llm.plan, "n_slots", 1)})
     print(json.dumps(rows, indent=1))
 
 

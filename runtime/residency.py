@@ -36,11 +36,12 @@ sums the models' own memory, adds each library's runtime term once (the largest 
 plans for it: keys ``llamacpp``, ``litert``, ``ort``) and the budget's 5 % reserve once:
 ``sum(own) + sum(max runtime per library) + reserve <= budget``. Counting the runtime per model
 would refuse a second model that fits. The LLM's runtime term also holds llama.cpp's fixed per-context
-allocations, which a second context repeats; measured on x86_64 by bench/residency_memory.py (SmolLM2
-Q4_1 twice, then Gemma 3 270M, ctx 512, f16 KV, 8 MiB prefix cache, one process, two runs), the second
-SmolLM2 added 117-124 MiB of RSS against its own 133 MiB, Gemma 307-313 MiB against its own 307 MiB, and
-the whole process (interpreter and numpy included) ended at 613 MiB RSS against the sum's 653 MiB: the
-one runtime term covers the repeats.
+allocations, which a second context repeats. Measured on x86_64 by bench/residency_memory.py (SmolLM2
+Q4_1 twice, then Gemma 3 270M, 512 tokens per slot, f16 KV, 8 MiB prefix cache, one process): as
+runtime.llm.LLM the second SmolLM2 added 117-124 MiB of RSS against its own plan's 133 MiB, Gemma 307-313
+against 307, and the whole process (interpreter and numpy included) ended at 613 MiB against the sum's
+653; as the 4-slot runtime.engine.Engine 151 against 167, 335 against 337, 710 against 752. The one
+runtime term covers the repeats.
 A model is loaded with ``memory=`` its own plan's total plus
 that share's reserve, so its planner makes the same plan again (the default loaders check that it did,
 and refuse the load if not).
