@@ -72,9 +72,10 @@ def _engine() -> Any:
 
 class LLMLoader:
     """kind "llm": a GGUF model, as runtime.engine.Engine when present (else runtime.llm.LLM).
-    Options: ctx (per slot with the engine), slots (engine only), threads, kv_type, prefix_cache_bytes."""
+    Options: ctx (per slot with the engine), slots and max_queued (engine only: requests waiting per priority
+    class), threads, kv_type, prefix_cache_bytes."""
 
-    OPTIONS = ("ctx", "slots", "threads", "kv_type", "prefix_cache_bytes")
+    OPTIONS = ("ctx", "slots", "max_queued", "threads", "kv_type", "prefix_cache_bytes")
 
     def __init__(self) -> None:
         self._plans: dict[tuple[Any, ...], tuple[Any, Any]] = {}
@@ -110,7 +111,8 @@ class LLMLoader:
                   "prefix_cache_bytes": plan.prefix_cache_bytes}
         engine = _engine()
         if engine is not None:
-            obj = engine.load(model, slots=self._slots(opts), **common)
+            queued = {"max_queued": opts["max_queued"]} if "max_queued" in opts else {}
+            obj = engine.load(model, slots=self._slots(opts), **queued, **common)
         else:
             from runtime.llm import LLM
 

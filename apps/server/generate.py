@@ -8,6 +8,7 @@ import contextlib
 import dataclasses
 import logging
 import threading
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -116,12 +117,12 @@ def _replay(chat: bool, rid: str, args: api.GenArgs, hit: tuple[str, Any], outco
 
 
 def _release_when_done(handle: Any, lease: contextlib.ExitStack) -> None:
-    try:
-        handle.result(timeout=STOP_WAIT_S)
-    except TimeoutError:
-        log.error("a cancelled generation did not stop within %.0f s; its model lease is released anyway", STOP_WAIT_S)
-    except Exception:  # its error (Cancelled, DeadlineExceeded) was answered already
-        pass
+    deadline = time.monotonic() + STOP_WAIT_S
+    while not handle.finished:
+        if time.monotonic() > deadline:
+            log.error("a cancelled generation did not stop within %.0f s; its model lease is released anyway", STOP_WAIT_S)
+            break
+        time.sleep(0.01)
     lease.close()
 
 

@@ -49,14 +49,15 @@ class EngineService:
         """(a handle whose ``aevents()`` yields the answer, the truncations already made to fit the prompt)."""
         from runtime.engine import GenRequest
 
-        truncations: list[Truncation] = []
         if messages is not None:
-            tokens, truncations = self.engine.chat_prompt(messages, params, truncate=truncate)
+            req = self.engine.chat_request(messages, params, priority=priority, deadline=deadline, truncate=truncate)
+            dropped = sum(t.tokens_dropped for t in req.truncations)
+            if dropped and not truncate:  # turns were dropped to fit: only when asked
+                room = max(1, min(params.max_tokens, self.engine.slot_ctx // 4))
+                raise too_long(len(req.prompt) + dropped, self.engine.slot_ctx - room, "conversation")
         else:
-            tokens = self.engine.tokenize(prompt)
-        handle = self.engine.submit(GenRequest(tokens, params, priority=priority, deadline=deadline, truncate=truncate,
-                                               truncations=list(truncations)))
-        return handle, list(truncations)
+            req = GenRequest(self.engine.tokenize(prompt), params, priority=priority, deadline=deadline, truncate=truncate)
+        return self.engine.submit(req), list(req.truncations)
 
     def stats(self) -> dict[str, Any]:
         return self.engine.stats()
@@ -77,15 +78,9 @@ class _Handle:
     def cancel(self) -> None:
         self.cancelled.set()
 
-    def result(self, timeout: float | None = None) -> Result:
-        """Blocks until the generation ends: its Result, or its error raised."""
-        if not self._finished.wait(timeout):
-            raise TimeoutError("the generation has not ended")
-        assert self._final is not None
-        if self._final.error is not None:
-            raise self._final.error
-        assert self._final.result is not None
-        return self._final.result
+    @property
+    def finished(self) -> bool:
+        return self._finished.is_set()
 
     def put(self, ev: Event) -> None:
         if ev.kind != "text":

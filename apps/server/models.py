@@ -15,7 +15,7 @@ from runtime.errors import BadInput
 from runtime.residency import ModelSpec, ResidencyManager
 
 log = logging.getLogger(__name__)
-OPTIONS = {"llm": ("slots", "ctx", "threads"), "vision": ("batch", "threads"), "audio": ("threads",)}
+OPTIONS = {"llm": ("slots", "ctx", "threads"), "vision": ("batch", "threads"), "audio": ("threads",)}  # serve.toml's
 LEASE_WAIT_S = 30.0  # how long a request waits for leased models in its way to be released before DoesNotFit
 
 
@@ -29,13 +29,14 @@ def kind_of(entry: ModelEntry) -> str:
     return resolve(entry.ref).manifest.kind.value
 
 
-def spec_of(entry: ModelEntry, kind: str, slots: int) -> ModelSpec:
+def spec_of(entry: ModelEntry, kind: str, slots: int, max_queued: int) -> ModelSpec:
     bad = sorted(set(entry.options) - set(OPTIONS[kind]))
     if bad:
         raise BadInput(f"model {entry.name!r} ({kind}): option {bad[0]!r} does not apply (valid: {', '.join(OPTIONS[kind])})")
     options = dict(entry.options)
     if kind == "llm":
         options.setdefault("slots", slots)
+        options["max_queued"] = max_queued
     keep = None if entry.keep_alive < 0 else entry.keep_alive
     return ModelSpec(entry.name, entry.ref, kind, pinned=entry.pinned, keep_alive_s=keep, options=options)
 
@@ -50,7 +51,7 @@ class Models:
 
     def add(self, entry: ModelEntry) -> None:
         kind = kind_of(entry)
-        self.manager.add(spec_of(entry, kind, self.config.slots))
+        self.manager.add(spec_of(entry, kind, self.config.slots, self.config.limits.max_queued))
         self.kinds[entry.name] = kind
 
     def load_pinned(self) -> None:
