@@ -49,6 +49,7 @@ DEFAULT_MAX_CTX = 8192
 MIN_CTX = 256
 CTX_PAD = 256  # llama.cpp pads n_ctx to 256 cells when flash attention is on
 UBATCH_CHOICES = (512, 256, 128, 64)
+MAX_SLOTS = 64  # sequences in one context; every step decodes one token of each, so a micro-batch (>= 64) holds them
 
 # Layers with sliding-window attention, by architecture: llama.cpp's own rules
 # (src/llama-model.cpp, set_swa_pattern), used when the GGUF does not carry
@@ -149,16 +150,17 @@ class LLMShape:
     def swa_cells(self, n_ctx: int, n_ubatch: int) -> int:
         return min(n_ctx, _pad(self.swa_window + n_ubatch, CTX_PAD)) if self.swa_window else 0
 
-    def compute_bytes(self, n_ubatch: int) -> int:
-        """Resident activations of one micro-batch (f32) plus one row of logits."""
+    def compute_bytes(self, n_ubatch: int, outputs: int = 1) -> int:
+        """Resident activations of one micro-batch (f32) plus the rows of logits read back: one per sequence decoded
+        together (``outputs``), and one more."""
         q = self.n_head * self.key_length
         kv = max(self.n_head_kv) * (self.key_length + self.value_length)
         per_token = 3 * self.n_embd + q + kv + self.n_head * self.value_length + 3 * self.n_ff
-        return int(n_ubatch * per_token * 4 + 2 * self.n_vocab * 4)
+        return int(n_ubatch * per_token * 4 + (1 + outputs) * self.n_vocab * 4)
 
-    def compute_reserved_bytes(self, n_ubatch: int) -> int:
+    def compute_reserved_bytes(self, n_ubatch: int, outputs: int = 1) -> int:
         """What llama.cpp reserves as address space: logits for a whole micro-batch."""
-        return int(self.compute_bytes(n_ubatch) + n_ubatch * self.n_vocab * 4)
+        return int(self.compute_bytes(n_ubatch, outputs) + n_ubatch * self.n_vocab * 4)
 
 
 @dataclass(frozen=True)
@@ -179,6 +181,12 @@ class MemoryPlan:
     n_ubatch: int
     n_batch: int
     swa: dict[str, int] = field(default_factory=dict)
+    n_slots: int = 1  # sequences decoded together (runtime/engine.py), each in its own KV stream of slot_ctx cells
+    slot_ctx: int = 0  # cells per slot: n_ctx = n_slots * slot_ctx (0 when built by hand: n_ctx / n_slots)
+
+    def __post_init__(self) -> None:
+        if not self.slot_ctx:
+            object.__setattr__(self, "slot_ctx", self.n_ctx // max(1, self.n_slots))
 
     @property
     def total_bytes(self) -> int:
@@ -205,7 +213,7 @@ class MemoryPlan:
     def table(self) -> str:
         rows = [
             ("weights (mmap)", self.weights_bytes),
-            (f"KV cache ({self.kv_type.value}, {self.n_ctx} ctx)", self.kv_bytes),
+            (f"KV cache ({self.kv_type.value}, {self._ctx_text()})", self.kv_bytes),
             (f"compute ({self.n_ubatch}-token micro-batch)", self.compute_bytes),
             ("prefix cache (bound)", self.prefix_cache_bytes),
             ("runtime (python + libs)", self.runtime_bytes),
@@ -216,12 +224,19 @@ class MemoryPlan:
         ]
         lines = [f"plan for {self.model}"]
         lines += [f"  {name:<38} {fmt_bytes(value):>11}" for name, value in rows]
+        if self.n_slots > 1:
+            lines.append(f"  slots: {self.n_slots} sequences decoded together, each {self.slot_ctx} tokens of context"
+                         f" ({fmt_bytes(self.kv_bytes // self.n_slots)} of KV cache each)")
         if self.swa:
-            lines.append(f"  sliding window: {self.swa['layers']} layers x {self.swa['cells']} cells (window {self.swa['window']})")
+            per = " per slot" if self.n_slots > 1 else ""
+            lines.append(f"  sliding window: {self.swa['layers']} layers x {self.swa['cells']} cells{per} (window {self.swa['window']})")
         headroom = self.budget_bytes - self.total_bytes - self.reserve_bytes
         lines.append(f"  fits: {'yes' if self.fits else 'no'} (headroom {fmt_bytes(headroom)});"
                      f" compute address space reserved: {fmt_bytes(self.compute_reserved_bytes)}")
         return "\n".join(lines)
+
+    def _ctx_text(self) -> str:
+        return f"{self.n_ctx} ctx" if self.n_slots == 1 else f"{self.n_slots} x {self.slot_ctx} ctx"
 
 
 def default_prefix_cache_bytes(budget: int) -> int:
@@ -236,28 +251,33 @@ def default_budget() -> int:
     return detect("/").memory_budget_bytes
 
 
-def _build(shape: LLMShape, name: str, weights: int, budget: int, n_ctx: int, kv: KVType, ub: int, prefix: int) -> MemoryPlan:
+def _build(shape: LLMShape, name: str, weights: int, budget: int, n_ctx: int, kv: KVType, ub: int, prefix: int,
+           slots: int = 1) -> MemoryPlan:
+    """The plan for ``slots`` sequences of ``n_ctx`` cells each (llama.cpp, kv_unified off: one KV stream per
+    sequence, each of n_ctx cells, each with its own sliding-window cells)."""
     n_ctx = _pad(n_ctx, CTX_PAD)
     swa_cells = shape.swa_cells(n_ctx, ub)
     full = shape.kv_cell_bytes(kv, swa=False)
-    swa_bytes = int(shape.kv_cell_bytes(kv, swa=True) * swa_cells)
+    swa_bytes = int(shape.kv_cell_bytes(kv, swa=True) * swa_cells) * slots
     return MemoryPlan(
         model=name,
         budget_bytes=budget,
         weights_bytes=weights,
-        kv_bytes=int(full * n_ctx) + swa_bytes,
+        kv_bytes=int(full * n_ctx * slots) + swa_bytes,
         kv_bytes_per_token=full,
         kv_swa_bytes=swa_bytes,
-        compute_bytes=shape.compute_bytes(ub),
-        compute_reserved_bytes=shape.compute_reserved_bytes(ub),
+        compute_bytes=shape.compute_bytes(ub, slots),
+        compute_reserved_bytes=shape.compute_reserved_bytes(ub, slots),
         prefix_cache_bytes=prefix,
         runtime_bytes=RUNTIME_OVERHEAD,
         vocab_bytes=shape.n_vocab * VOCAB_ENTRY_BYTES,
-        n_ctx=n_ctx,
+        n_ctx=n_ctx * slots,
         kv_type=kv,
         n_ubatch=ub,
         n_batch=ub,
         swa={"layers": sum(shape.swa_layers), "window": shape.swa_window, "cells": swa_cells} if shape.swa_window else {},
+        n_slots=slots,
+        slot_ctx=n_ctx,
     )
 
 
@@ -270,8 +290,12 @@ def plan_llm(
     kv_type: KVType | None = None,
     n_ubatch: int | None = None,
     prefix_cache_bytes: int | None = None,
+    slots: int = 1,
 ) -> MemoryPlan:
-    """The plan for running ``info`` within ``budget`` bytes; DoesNotFit if none exists."""
+    """The plan for running ``info`` within ``budget`` bytes; DoesNotFit if none exists.
+
+    ``slots`` sequences decoded together (runtime/engine.py) each get ``ctx`` cells of their own (``ctx`` is per
+    slot); without ``ctx`` the context one sequence would get is split between them (at least MIN_CTX each)."""
     shape = LLMShape.from_gguf(info)
     name = name or str(info.path)
     prefix = default_prefix_cache_bytes(budget) if prefix_cache_bytes is None else prefix_cache_bytes
@@ -280,8 +304,12 @@ def plan_llm(
             raise BadInput(f"--ctx {ctx} is too small (at least {MIN_CTX})")
         if shape.n_ctx_train and ctx > shape.n_ctx_train:
             raise BadInput(f"--ctx {ctx} exceeds the model's training context {shape.n_ctx_train}")
+    if isinstance(slots, bool) or not isinstance(slots, int) or not 1 <= slots <= MAX_SLOTS:
+        raise BadInput(f"--slots {slots!r} is not valid: use an integer from 1 to {MAX_SLOTS}")
     if n_ubatch is not None and n_ubatch <= 0:
         raise BadInput(f"--ubatch {n_ubatch} must be positive")
+    if n_ubatch is not None and n_ubatch < slots:
+        raise BadInput(f"--ubatch {n_ubatch} is smaller than --slots {slots}: one step decodes a token of every slot")
     weights = info.tensor_bytes
     floor = weights + RUNTIME_OVERHEAD + shape.n_vocab * VOCAB_ENTRY_BYTES
     if floor > budget * (1 - RESERVE_FRACTION):
@@ -291,35 +319,39 @@ def plan_llm(
             f" give --memory of at least {fmt_bytes(floor * 1.3)}"
         )
     desired = ctx or min(shape.n_ctx_train or DEFAULT_MAX_CTX, DEFAULT_MAX_CTX)
+    if ctx is None and slots > 1:
+        desired = max(MIN_CTX, desired // slots // CTX_PAD * CTX_PAD)
     kvs = [kv_type] if kv_type else [KVType.F16, KVType.Q8_0]
-    ubs = [n_ubatch] if n_ubatch else list(UBATCH_CHOICES)
+    ubs = [n_ubatch] if n_ubatch else [ub for ub in UBATCH_CHOICES if ub >= slots]
     for ub in ubs:
         for kv in kvs:
-            plan = _build(shape, name, weights, budget, desired, kv, ub, prefix)
+            plan = _build(shape, name, weights, budget, desired, kv, ub, prefix, slots)
             if plan.fits:
                 return plan
     # The desired context does not fit in any configuration: find the largest one that does.
-    smallest = _build(shape, name, weights, budget, MIN_CTX, kvs[-1], ubs[-1], prefix)
+    smallest = _build(shape, name, weights, budget, MIN_CTX, kvs[-1], ubs[-1], prefix, slots)
     if not smallest.fits or ctx is not None:
-        best = _largest_ctx(shape, name, weights, budget, kvs[-1], ubs[-1], prefix, desired)
+        best = _largest_ctx(shape, name, weights, budget, kvs[-1], ubs[-1], prefix, desired, slots)
         hint = f"the largest context that fits is {best}" if best else f"even {MIN_CTX} tokens do not fit"
-        need = _build(shape, name, weights, budget, desired, kvs[-1], ubs[-1], prefix).total_bytes
+        what = f"{desired} tokens of context" if slots == 1 else f"{slots} slots of {desired} tokens of context"
+        need = _build(shape, name, weights, budget, desired, kvs[-1], ubs[-1], prefix, slots).total_bytes
         raise DoesNotFit(
-            f"{name}: {desired} tokens of context need {fmt_bytes(need)} but the budget is {fmt_bytes(budget)}"
+            f"{name}: {what} need {fmt_bytes(need)} but the budget is {fmt_bytes(budget)}"
             f" less a {RESERVE_FRACTION:.0%} reserve ({fmt_bytes(need - budget * (1 - RESERVE_FRACTION))} over); {hint}"
         )
-    best = _largest_ctx(shape, name, weights, budget, kvs[-1], ubs[0], prefix, desired)
+    best = _largest_ctx(shape, name, weights, budget, kvs[-1], ubs[0], prefix, desired, slots)
     ub = ubs[0]
     if not best:
         ub = ubs[-1]
-        best = _largest_ctx(shape, name, weights, budget, kvs[-1], ub, prefix, desired)
-    return _build(shape, name, weights, budget, best, kvs[-1], ub, prefix)
+        best = _largest_ctx(shape, name, weights, budget, kvs[-1], ub, prefix, desired, slots)
+    return _build(shape, name, weights, budget, best, kvs[-1], ub, prefix, slots)
 
 
-def _largest_ctx(shape: LLMShape, name: str, weights: int, budget: int, kv: KVType, ub: int, prefix: int, limit: int) -> int:
+def _largest_ctx(shape: LLMShape, name: str, weights: int, budget: int, kv: KVType, ub: int, prefix: int, limit: int,
+                 slots: int = 1) -> int:
     best = 0
     for n in range(MIN_CTX, limit + 1, CTX_PAD):
-        if _build(shape, name, weights, budget, n, kv, ub, prefix).fits:
+        if _build(shape, name, weights, budget, n, kv, ub, prefix, slots).fits:
             best = n
         else:
             break

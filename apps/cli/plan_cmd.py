@@ -8,7 +8,7 @@ from apps.cli.common import add_llm_plan_arguments, print_json, refuse_flags
 from apps.cli.flags import MAX_BATCH, integer, size
 from runtime.bundle import ModelKind
 from runtime.gguf_file import read_gguf
-from runtime.plan import KVType, default_budget, plan_llm
+from runtime.plan import MAX_SLOTS, KVType, default_budget, plan_llm
 from runtime.resolve import resolve
 
 HELP = "show how a model would use a memory budget (refuses with exit 3 if it cannot fit)"
@@ -19,6 +19,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--memory", type=size(), metavar="SIZE",
                         help="memory budget, e.g. 512M, at most 256T (default: the board profile's share of available RAM)")
     add_llm_plan_arguments(parser)
+    parser.add_argument("--slots", type=integer(1, MAX_SLOTS, "sequences one context decodes together"), metavar="N",
+                        help="LLM: requests served at once (edgerun serve); the KV cache is split between them, --ctx is"
+                             " per slot (default 1)")
     parser.add_argument("--batch", type=integer(1, MAX_BATCH), metavar="N", help="vision: rows per call (default 1)")
     parser.add_argument("--json", action="store_true", help="machine-readable fields for every term")
 
@@ -28,9 +31,9 @@ def main(args: argparse.Namespace) -> int:
     budget = args.memory or default_budget()
     kind = model.manifest.kind
     if kind is ModelKind.LLM:
-        refuse_flags(args, ("batch",), model, "an LLM runs one sequence; --batch is for vision bundles")
+        refuse_flags(args, ("batch",), model, "an LLM decodes --slots sequences together; --batch is for vision bundles")
     else:
-        refuse_flags(args, ("ctx", "kv_type", "prefix_cache"), model, "context, KV cache and prefix cache are an LLM's")
+        refuse_flags(args, ("ctx", "kv_type", "prefix_cache", "slots"), model, "context, KV cache, prefix cache and slots are an LLM's")
     if kind is ModelKind.AUDIO:
         refuse_flags(args, ("batch",), model, "an audio bundle is planned per segment of its input, not per batch")
     if kind is not ModelKind.LLM:  # classifiers: weights (+ front-end models) + arena + runtime
@@ -53,6 +56,7 @@ def main(args: argparse.Namespace) -> int:
             ctx=args.ctx,
             kv_type=KVType(args.kv_type) if args.kv_type else None,
             prefix_cache_bytes=args.prefix_cache,
+            slots=args.slots or 1,
         )
     if args.json:
         print_json(plan.to_dict())
