@@ -50,7 +50,7 @@ def main() -> int:
         mel, emb = zoo.frontend_files()
         entry = zoo.find("openwakeword-alexa")
         module = zoo.build_head(mel.parent / entry.head)
-        fe = OpenWakeWordFrontEnd(mel, emb, threads=1)
+        fe = OpenWakeWordFrontEnd(mel, emb)  # one thread on this CPU
         cal = windows(root / "calib", fe, zoo.SAMPLE_RATE, limit=500)
         ev = windows(root / "eval", fe, zoo.SAMPLE_RATE)
         clips = [load_audio(p, zoo.SAMPLE_RATE) for p in held]
