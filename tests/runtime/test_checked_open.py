@@ -247,11 +247,12 @@ def test_without_proc_a_change_during_the_load_is_refused_and_the_backend_closed
 
     def load_then_swap(paths: list[Path]) -> NullBackend:
         assert paths == [real.resolve()]  # no descriptor path to give: the real one
-        backend = Tracked(paths[0], None, cpu_placement("null"))
+        backend = Tracked(paths[0], None, told)
         rename_over(real)  # while the backend loads
         return backend
 
-    assert model.load(lambda paths: Tracked(paths[0], None, cpu_placement("null")), "model.null").output.shape[1:] == (10,)  # unchanged: loads
+    told = cpu_placement("null")
+    assert model.load(lambda paths: Tracked(paths[0], None, told), "model.null").output.shape[1:] == (10,)  # unchanged: loads
     with pytest.raises(BadInput, match="model.null: changed since it was verified"):
         model.load(load_then_swap, "model.null")
     assert closed == [True]
