@@ -31,7 +31,7 @@ from starlette.routing import Route
 from apps.server import openai_api as api
 from apps.server.classify import classify
 from apps.server.generate import generate
-from apps.server.security import ApiKey, Unauthorized
+from apps.server.security import ApiKey, Forbidden
 from apps.server.state import ServerState
 from runtime.errors import BadInput, EdgerunError
 
@@ -48,7 +48,7 @@ def endpoint(handler: Handler, *, auth: bool = True, ready: bool = True, admin: 
         try:
             key = state.keys.authenticate(request) if auth else None
             if admin and key is not None and not key.admin:
-                raise Unauthorized("this API key may not use the admin endpoints (mark it 'admin' in the keys file)")
+                raise Forbidden("this API key may not use the admin endpoints (mark it 'admin' in the keys file)")
             if ready and not state.ready.is_set():
                 raise api.NotReady(state.failed or "the server is loading its models; try again shortly")
             return await handler(request, state, key)

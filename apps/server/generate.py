@@ -21,7 +21,7 @@ from apps.server.outcome import Outcome
 from apps.server.request import deadline_of, disconnected, priority_of, route_model
 from apps.server.security import ApiKey, read_body
 from apps.server.sse import DONE, EventStream, event
-from runtime.errors import BackendError, Cancelled, EdgerunError
+from runtime.errors import BackendError, Cancelled, EdgerunError, one_line
 
 log = logging.getLogger(__name__)
 STOP_WAIT_S = 60.0  # a cancelled generation stops within one decode step; this is the bound of waiting for that
@@ -30,6 +30,14 @@ STOP_WAIT_S = 60.0  # a cancelled generation stops within one decode step; this 
 def _model_version(model: Any) -> str:
     manifest = getattr(getattr(model, "model", None), "manifest", None)
     return str(getattr(manifest, "version", "")) if manifest is not None else ""
+
+
+class _VersionFault(Exception):
+    """The served version failed before answering (its load, or its first step): another version may answer."""
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__(str(error))
+        self.error = error
 
 
 async def generate(request: Request, state: Any, key: ApiKey | None, chat: bool) -> Response:
@@ -45,11 +53,32 @@ async def generate(request: Request, state: Any, key: ApiKey | None, chat: bool)
     try:
         text_in = args.prompt if args.prompt is not None else "\n".join(m["content"] for m in args.messages or [])
         state.filters.check_input(text_in)
-        lease = contextlib.ExitStack()
-        model = await run_in_threadpool(lease.enter_context, state.models.acquire(served))
     except EdgerunError as exc:
         outcome.finish(error=exc)
         raise
+    router = state.canaries.get(args.model)
+    while True:
+        try:
+            return await _attempt(request, state, chat, args, outcome, priority, deadline)
+        except _VersionFault as fault:
+            if router is None or outcome.served != router.canary or router.serving == router.canary:
+                outcome.finish(error=fault.error, version_fault=True)
+                raise fault.error from None
+            # The canary failed before answering: counted against it, and the stable version answers instead,
+            # so no request fails because a canary is being tried.
+            log.warning("canary %s failed (%s); answered by %s", outcome.served, one_line(fault.error), router.stable)
+            outcome.failed_attempt(fault.error)
+            outcome.served = outcome.version = router.stable
+
+
+async def _attempt(request: Request, state: Any, chat: bool, args: api.GenArgs, outcome: Outcome, priority: Any,
+                   deadline: float) -> Response:
+    served, rid = outcome.served, outcome.rid
+    lease = contextlib.ExitStack()
+    try:
+        model = await run_in_threadpool(lease.enter_context, state.models.acquire(served))
+    except EdgerunError as exc:
+        raise _VersionFault(exc) from None
     try:
         outcome.version = f"{served}@{_model_version(model)}"
         svc = state.service(served, model)
@@ -71,7 +100,10 @@ async def generate(request: Request, state: Any, key: ApiKey | None, chat: bool)
     try:
         first = await run.next()  # an error before any text (queue deadline, refused prompt) keeps its HTTP status
     except BaseException as exc:
-        run.close(error=exc)
+        fault = _is_fault(exc)
+        run.close(error=exc, record=not fault)
+        if fault:
+            raise _VersionFault(exc) from None
         raise
     if first is None:  # the client went away
         return Response(status_code=499)
@@ -79,6 +111,11 @@ async def generate(request: Request, state: Any, key: ApiKey | None, chat: bool)
     if args.stream:
         return EventStream(run.stream(chat, rid, args, first), headers)
     return await run.whole(chat, rid, args, first, headers)
+
+
+def _is_fault(exc: BaseException) -> bool:
+    """The model's failure, not the request's: a backend error or a bug (not a deadline, a cancel or a refusal)."""
+    return not isinstance(exc, EdgerunError) or isinstance(exc, BackendError)
 
 
 def _cache_key(state: Any, request: Request, outcome: Outcome, chat: bool, args: api.GenArgs, params: Any,
@@ -156,11 +193,12 @@ class _Run:
             self.outcome.first_token()
         return ev
 
-    def close(self, *, result: Any = None, error: BaseException | None = None, text: str = "") -> None:
+    def close(self, *, result: Any = None, error: BaseException | None = None, text: str = "", record: bool = True) -> None:
         if self.closed:
             return
         self.closed = True
-        self.outcome.finish(result=result, error=error)
+        if record:
+            self.outcome.finish(result=result, error=error)
         if result is not None:
             if self.cache_key is not None and not result.truncations:
                 self.state.cache.put(self.cache_key, (text, result), len(text.encode()) + 512)

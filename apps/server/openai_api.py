@@ -15,7 +15,7 @@ from typing import Any
 
 from starlette.responses import JSONResponse
 
-from apps.server.security import BodyTooLarge, Unauthorized
+from apps.server.security import BodyTooLarge, Forbidden, Unauthorized
 from runtime.chat import ROLES
 from runtime.errors import BadInput, Cancelled, DeadlineExceeded, DoesNotFit, EdgerunError, QueueFull, one_line
 from runtime.generation import Result, Truncation
@@ -223,6 +223,8 @@ def status_of(exc: BaseException) -> tuple[int, str, str | None]:
         return 413, "invalid_request_error", "request_too_large"
     if isinstance(exc, Unauthorized):
         return 401, "authentication_error", "invalid_api_key"
+    if isinstance(exc, Forbidden):
+        return 403, "permission_error", "forbidden"
     if isinstance(exc, UnknownModel):
         return 404, "invalid_request_error", "model_not_found"
     blocked = getattr(exc, "stage", None) is not None and getattr(exc, "reason", None) is not None

@@ -7,7 +7,7 @@ from typing import Any
 
 from apps.server.openai_api import status_of
 from apps.server.reqlog import RequestRecord, log_request
-from runtime.errors import BadInput, Cancelled, DeadlineExceeded, QueueFull
+from runtime.errors import Cancelled, DeadlineExceeded, QueueFull
 
 
 def status_word(error: BaseException | None) -> str:
@@ -39,7 +39,22 @@ class Outcome:
         if self.first_at is None:
             self.first_at = time.monotonic()
 
-    def finish(self, *, result: Any = None, error: BaseException | None = None) -> None:
+    def elapsed(self) -> float:
+        return time.monotonic() - self.start
+
+    def failed_attempt(self, error: BaseException) -> None:
+        """The version tried first failed before answering: counted (metrics, its canary window) before another
+        version answers the same request."""
+        total = self.elapsed()
+        self.state.metrics.observe_request(model=self.model, version=self.version, priority=self.priority,
+                                           status=status_word(error), total_s=total)
+        router = self.state.canaries.get(self.model)
+        if router is not None:
+            router.record(self.served, False, total)
+
+    def finish(self, *, result: Any = None, error: BaseException | None = None, version_fault: bool | None = None) -> None:
+        """Record the end once. ``version_fault``: whether the error counts against the version that served it
+        (None: a server-side error or a timeout does, a refusal of the request itself does not)."""
         if self._done:
             return
         self._done = True
@@ -61,8 +76,8 @@ class Outcome:
             error=None if error is None else (str(getattr(error, "reason", "")) or type(error).__name__),
             stream=self.stream))
         router = self.state.canaries.get(self.model)
-        if router is not None and status not in ("cancelled",):
-            # a client's own mistake (4xx other than a timeout) says nothing about the version that served it
-            client_fault = isinstance(error, BadInput) or (error is not None and status_of(error)[0] in (400, 429))
-            if not client_fault:
+        if router is not None and status != "cancelled":
+            if version_fault is None:  # a client's own mistake (a 4xx) says nothing about the version that served it
+                version_fault = error is not None and status_of(error)[0] >= 500
+            if error is None or version_fault:
                 router.record(self.served, error is None, total)

@@ -36,6 +36,10 @@ class Unauthorized(BadInput):
     """No key or a wrong one (HTTP 401)."""
 
 
+class Forbidden(BadInput):
+    """A right key that may not do this (HTTP 403)."""
+
+
 @dataclass(frozen=True)
 class ApiKey:
     digest: bytes  # sha256 of the key: compared in constant time, never the key itself kept

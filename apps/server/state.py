@@ -24,10 +24,12 @@ log = logging.getLogger(__name__)
 
 
 class ServerState:
-    def __init__(self, config: ServeConfig, keys: ApiKeys | None = None) -> None:
+    def __init__(self, config: ServeConfig, keys: ApiKeys | None = None, models: Models | None = None) -> None:
+        """``models``: the served models (default: on a ResidencyManager of ``config.memory`` with the runtime's
+        loaders)."""
         self.config = config
         self.keys = keys if keys is not None else load_keys(config.api_keys_file)
-        self.models = Models(config)
+        self.models = models if models is not None else Models(config)
         self.metrics = ServerMetrics(queue_depth=self._queue_depth, slots_busy=self._slots_busy,
                                      resident=self.models.resident, caches=self._cache_counts)
         f = config.filters

@@ -19,8 +19,8 @@ from apps.server.state import ServerState
 
 
 class LiveServer:
-    def __init__(self, config: ServeConfig, *, load: bool = True, keys: Any = None) -> None:
-        self.state = ServerState(config, keys)
+    def __init__(self, config: ServeConfig, *, load: bool = True, keys: Any = None, models: Any = None) -> None:
+        self.state = ServerState(config, keys, models)
         sock = listen("127.0.0.1", 0)
         self.port = sock.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
