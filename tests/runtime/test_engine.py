@@ -9,7 +9,7 @@ import time
 import pytest
 
 from runtime.engine import Engine, GenRequest
-from runtime.errors import BadInput, Cancelled, DeadlineExceeded, QueueFull
+from runtime.errors import BackendError, BadInput, Cancelled, DeadlineExceeded, QueueFull
 from runtime.llm import LLM
 from runtime.scheduler import Priority
 
@@ -266,3 +266,39 @@ def test_close_cancels_queued_and_running(smollm) -> None:
             handle.result(timeout=1)
     with pytest.raises(Cancelled):
         eng.submit(later)
+
+
+def test_a_full_slot_shifts_its_context_like_the_single_stream(smollm) -> None:
+    with LLM.load(smollm, memory=GiB, ctx=256, threads=2) as llm:
+        tokens = llm.tokenize(", ".join(str(i) for i in range(1, 200)))[:190]  # the count goes on past the context
+        params = llm.params(temperature=0.0, max_tokens=90, repeat_penalty=1.0)
+        expected = llm.generate(tokens, params)
+    assert any(t.kind == "shift" for t in expected.truncations)
+    with Engine.load(smollm, memory=GiB, slots=2, ctx=256, threads=2, start=False) as eng:
+        handle = eng.submit(GenRequest(tokens, params))
+        _drain(eng)
+        result = handle.result(timeout=1)
+    assert result.text == expected.text and result.tokens_out == expected.tokens_out
+    assert [(t.kind, t.tokens_dropped, t.at_token) for t in result.truncations] == \
+        [(t.kind, t.tokens_dropped, t.at_token) for t in expected.truncations]
+
+
+def test_a_failed_decode_ends_its_requests_and_the_engine_goes_on(manual, monkeypatch, reference) -> None:
+    eng = manual
+    doomed = [eng.submit(_greedy(eng, p, 10)) for p in PROMPTS[:2]]
+    eng.step()
+    real = eng.backend.decode
+
+    def broken(rows):
+        monkeypatch.setattr(eng.backend, "decode", real)
+        raise BackendError("llama.cpp decode of 2 tokens in 2 sequences failed (code -3)")
+
+    monkeypatch.setattr(eng.backend, "decode", broken)
+    eng.step()
+    assert eng.slots() == [None, None]
+    for handle in doomed:
+        with pytest.raises(BackendError, match="code -3"):
+            handle.result(timeout=1)
+    after = eng.submit(_greedy(eng, PROMPTS[2], 6))
+    _drain(eng)
+    assert after.result(timeout=1).text == reference(PROMPTS[2], 6)
