@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import signal
 import socket
 import sys
 
@@ -107,5 +108,22 @@ def main(args: argparse.Namespace) -> int:
           file=sys.stderr)
     server = uvicorn.Server(uvicorn.Config(create_app(state), log_level="info" if args.verbose else "warning",
                                            access_log=args.verbose, timeout_graceful_shutdown=5))
-    server.run(sockets=[sock])
+    # uvicorn shuts down gracefully on SIGINT/SIGTERM, then raises the signal again: after a graceful stop either
+    # one ends the command with 0, as a service manager expects.
+    previous = signal.signal(signal.SIGTERM, _stopped)
+    try:
+        server.run(sockets=[sock])
+    except (KeyboardInterrupt, _Stop):
+        pass
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    print("edgerun: server stopped", file=sys.stderr)
     return 0
+
+
+class _Stop(Exception):
+    """SIGTERM, raised again by uvicorn once it has shut down."""
+
+
+def _stopped(signum: int, frame: object) -> None:
+    raise _Stop()

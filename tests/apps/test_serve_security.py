@@ -168,3 +168,39 @@ def test_bad_config_is_one_line(tmp_path: Path, toml: str, why: str, capsys: pyt
     assert edgerun(["serve", "--config", str(path)]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and why in err and str(path) in err
+
+
+def _request(headers: dict[str, str]):
+    from starlette.requests import Request
+
+    raw = [(k.lower().encode(), v.encode()) for k, v in headers.items()]
+    return Request({"type": "http", "method": "POST", "path": "/", "headers": raw, "query_string": b""})
+
+
+@pytest.mark.parametrize("header, body, key_best, want", [
+    (None, None, None, Priority.INTERACTIVE),  # the default class
+    ("urgent", None, None, Priority.URGENT),  # no keys configured: any class
+    (None, "batch", None, Priority.BATCH),  # the body's field
+    ("batch", "urgent", None, Priority.BATCH),  # the header wins over the body
+    ("urgent", None, Priority.INTERACTIVE, Priority.INTERACTIVE),  # capped by the key
+    (None, "urgent", Priority.BATCH, Priority.BATCH),
+    ("batch", None, Priority.URGENT, Priority.BATCH),  # a key allowed urgent may still ask for less
+])
+def test_priority_is_capped_by_the_key(header, body, key_best, want) -> None:
+    from apps.server.request import priority_of
+    from apps.server.security import ApiKey
+
+    key = None if key_best is None else ApiKey(b"", key_best, "key 1")
+    assert priority_of(_request({"X-Priority": header} if header else {}), body, key) is want
+
+
+def test_admin_endpoints_need_an_admin_key(keyed: LiveServer) -> None:
+    assert keyed.request("GET", "/admin/canary", headers={"Authorization": f"Bearer {BATCH_KEY}"})[0] == 403
+    status, _, body = keyed.request("GET", "/admin/canary", headers={"Authorization": f"Bearer {KEY}"})
+    assert status == 200 and json.loads(body) == {}
+    assert keyed.request("GET", "/admin/canary")[0] == 401
+
+
+def test_unknown_route_is_json_404(keyed: LiveServer) -> None:
+    status, _, body = keyed.request("GET", "/v1/nothing-here")
+    assert status == 404 and json.loads(body)["error"]["code"] == "not_found"
