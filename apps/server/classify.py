@@ -15,8 +15,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from apps.server import openai_api as api
-from apps.server.outcome import Outcome
-from apps.server.request import deadline_of, priority_of, route_model
+from apps.server.outcome import Outcome, log_refused
+from apps.server.request import client_of, deadline_of, priority_of, route_model
 from apps.server.security import ApiKey, read_body
 from runtime.batcher import DynamicBatcher
 from runtime.classifier import DEFAULT_TOP_K
@@ -79,16 +79,21 @@ def make_batcher(name: str, model: Any, kind: str, limits: Any) -> DynamicBatche
 
 async def classify(request: Request, state: Any, key: ApiKey | None) -> Response:
     limits = state.config.limits
-    kind = body_kind(request.headers.get("content-type", ""))
-    public = request.query_params.get("model")
-    if public is None:
-        raise BadInput("model is missing: POST /v1/classify?model=NAME with the image or WAV as the body")
-    served = route_model(state, public)
-    top = _top(request.query_params.get("top"))
-    priority = priority_of(request, request.query_params.get("priority"), key)
-    deadline = deadline_of(request, None, limits.deadline_ms)
     rid = api.new_id("cls")
-    outcome = Outcome(state, rid, public, served, priority, client=key.label if key else None)
+    client = client_of(request, key)
+    try:
+        kind = body_kind(request.headers.get("content-type", ""))
+        public = request.query_params.get("model")
+        if public is None:
+            raise BadInput("model is missing: POST /v1/classify?model=NAME with the image or WAV as the body")
+        served = route_model(state, public)
+        top = _top(request.query_params.get("top"))
+        priority = priority_of(request, request.query_params.get("priority"), key)
+        deadline = deadline_of(request, None, limits.deadline_ms)
+    except EdgerunError as exc:
+        log_refused(rid, exc, client)
+        raise
+    outcome = Outcome(state, rid, public, served, priority, client=client)
     try:
         body = await read_body(request, limits.max_body_bytes)
         model_kind = state.models.kinds.get(served)

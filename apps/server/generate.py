@@ -17,8 +17,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from apps.server import openai_api as api
-from apps.server.outcome import Outcome
-from apps.server.request import deadline_of, disconnected, priority_of, route_model
+from apps.server.outcome import Outcome, log_refused
+from apps.server.request import client_of, deadline_of, disconnected, priority_of, route_model
 from apps.server.security import ApiKey, read_body
 from apps.server.sse import DONE, EventStream, event
 from runtime.errors import BackendError, Cancelled, EdgerunError, one_line
@@ -42,13 +42,17 @@ class _VersionFault(Exception):
 
 async def generate(request: Request, state: Any, key: ApiKey | None, chat: bool) -> Response:
     limits = state.config.limits
-    data = api.parse_json(await read_body(request, limits.max_body_bytes))
-    args = (api.parse_chat if chat else api.parse_completion)(data, limits.max_tokens)
-    served = route_model(state, args.model)
-    priority = priority_of(request, args.priority, key)
-    deadline = deadline_of(request, args.deadline_ms, limits.deadline_ms)
     rid = api.new_id("chatcmpl" if chat else "cmpl")
-    client = key.label if key is not None else (f"{request.client.host}:{request.client.port}" if request.client else None)
+    client = client_of(request, key)
+    try:
+        data = api.parse_json(await read_body(request, limits.max_body_bytes))
+        args = (api.parse_chat if chat else api.parse_completion)(data, limits.max_tokens)
+        served = route_model(state, args.model)
+        priority = priority_of(request, args.priority, key)
+        deadline = deadline_of(request, args.deadline_ms, limits.deadline_ms)
+    except EdgerunError as exc:
+        log_refused(rid, exc, client)
+        raise
     outcome = Outcome(state, rid, args.model, served, priority, stream=args.stream, client=client)
     try:
         text_in = args.prompt if args.prompt is not None else "\n".join(m["content"] for m in args.messages or [])

@@ -81,3 +81,10 @@ class Outcome:
                 version_fault = error is not None and status_of(error)[0] >= 500
             if error is None or version_fault:
                 router.record(self.served, error is None, total)
+
+
+def log_refused(rid: str, error: BaseException, client: str | None, *, stream: bool = False) -> None:
+    """The log line of a request refused before it named a served model (a bad body, key or name): no metrics,
+    whose labels only ever hold the names of served models."""
+    log_request(RequestRecord(id=rid, model="", version="", priority="", status=status_word(error), client=client,
+                              error=type(error).__name__, stream=stream))

@@ -45,6 +45,13 @@ def deadline_of(request: Request, body_ms: int | None, default_ms: int) -> float
     return time.monotonic() + ms / 1000
 
 
+def client_of(request: Request, key: ApiKey | None) -> str | None:
+    """Who asked, for the request log: the API key's label, else the peer's address."""
+    if key is not None:
+        return key.label
+    return f"{request.client.host}:{request.client.port}" if request.client else None
+
+
 async def disconnected(request: Request) -> None:
     """Returns when the client disconnects (the body must have been read already)."""
     while True:

@@ -212,3 +212,14 @@ def test_priority_header_and_body_are_used(llm_server: LiveServer) -> None:
     assert llm_server.request("POST", "/v1/completions", {**req, "priority": "batch"}, NO_STORE)[1]["x-edgerun-priority"] == "batch"
     headers = {**NO_STORE, "X-Priority": "urgent"}
     assert llm_server.request("POST", "/v1/completions", req, headers)[1]["x-edgerun-priority"] == "urgent"
+
+
+def test_one_json_log_line_per_request_without_its_text(llm_server: LiveServer, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level("INFO", logger="edgerun.requests")
+    secret = "purple-elephant-secret"
+    llm_server.request("POST", "/v1/completions", {"model": "default", "prompt": secret, "max_tokens": 2}, NO_STORE)
+    llm_server.request("POST", "/v1/completions", {"model": "../x", "prompt": secret})
+    lines = [json.loads(r.getMessage()) for r in caplog.records if r.name == "edgerun.requests"]
+    assert [(x["model"], x["status"]) for x in lines] == [("default", "ok"), ("", "error")]
+    assert lines[0]["completion_tokens"] == 2 and lines[0]["ttft_ms"] > 0 and lines[0]["priority"] == "interactive"
+    assert all(secret not in r.getMessage() for r in caplog.records)
