@@ -29,18 +29,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def model_entry(text: str):
     """``REF`` or ``NAME=REF`` as a ModelEntry; the name of a bare REF is its store name, or its file's stem."""
+    import os
+
     from apps.server.config import ModelEntry
     from runtime.bundle import name_from
-    from runtime.resolve import _looks_like_path
     from runtime.store import check_ref
 
     name, eq, ref = text.partition("=")
     if not eq:
         ref = text
-        if _looks_like_path(ref):
-            stem = ref.rstrip("/").rsplit("/", 1)[-1]
+        if os.sep in ref or ref.endswith((".gguf", ".edgerun")) or os.path.exists(ref):  # a path: named by its file
+            stem = ref.rstrip(os.sep).rsplit(os.sep, 1)[-1]
             name = name_from(stem.removesuffix(".gguf").removesuffix(".edgerun"))
-        else:
+        else:  # an installed name[@version] or a recipe
             name = ref.partition("@")[0]
     check_ref(name)
     return ModelEntry(name=name, ref=ref, pinned=True, keep_alive=-1)

@@ -58,6 +58,7 @@ def test_edgerun_serve_default_model_streams_a_chat(smollm, shared_home: Path, t
     ("smollm2-135m-instruct@q4_1-0.1.2", "smollm2-135m-instruct", "smollm2-135m-instruct@q4_1-0.1.2"),
     ("./models/My Model.gguf", "my-model", "./models/My Model.gguf"),
     ("/srv/bundles/digits-int8/", "digits-int8", "/srv/bundles/digits-int8/"),
+    ("tiny.gguf", "tiny", "tiny.gguf"),  # a file in the current folder
 ])
 def test_model_arguments(text: str, name: str, ref: str) -> None:
     entry = model_entry(text)
