@@ -130,8 +130,8 @@ class Engine:
         prompt = req.prompt
         if not isinstance(prompt, (list, tuple)) or not prompt:
             raise BadInput("the prompt has no tokens")
-        if not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < self.n_vocab for t in prompt):
-            bad = next(t for t in prompt if not (isinstance(t, int) and 0 <= t < self.n_vocab))
+        bad = next((t for t in prompt if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < self.n_vocab), None)
+        if bad is not None:  # llama.cpp would fail the whole step's batch on it
             raise BadInput(f"prompt token {bad!r} is not a token of this model (ids 0 to {self.n_vocab - 1})")
         params = req.params or self.defaults
         if params.seed is None:  # a fresh seed per request, reported so the run can be repeated
@@ -196,7 +196,8 @@ class Engine:
     def stats(self) -> dict[str, Any]:
         """Slots busy, queued requests per priority, prefix-cache hits and misses, tokens, preemptions."""
         depth = self.scheduler.depth()
-        return {"slots": self.n_slots, "slot_ctx": self.slot_ctx, "slots_busy": sum(j is not None for j in self.slots()),
+        return {"slots": self.n_slots, "slot_ctx": self.slot_ctx, "threads": self.placement.threads,
+                "slots_busy": sum(j is not None for j in self.slots()),
                 "queued": {p.name.lower(): depth[p] for p in Priority}, "prefix_cache": self.prefix_cache.stats(),
                 **self._loop.counters()}
 
@@ -209,6 +210,8 @@ class Engine:
         self._loop.stop()
         if self._thread is not None:
             self._thread.join()
+        for job in self.scheduler.drain():  # requeued by a preemption while closing
+            self._loop.dropped(job, "cancelled")
         self._loop.cancel_running("the engine was closed")
         self.backend.close()
 

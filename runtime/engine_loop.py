@@ -43,7 +43,7 @@ class Loop:
         self._order = 0  # admission order, for fair prefill chunks
         self._admitted: dict[int, int] = {}  # slot id -> admission order
         self.steps = self.decoded = self.prefilled = self.preemptions = self.finished = self.failed = 0
-        scheduler.on_drop = self._dropped
+        scheduler.on_drop = self.dropped
 
     # -- the thread --------------------------------------------------------------------------------------------------
     def run(self) -> None:
@@ -237,7 +237,7 @@ class Loop:
         self.scheduler.note_served(max(0.0, time.perf_counter() - seq.t_admit))
         seq.handle._push(Event("done", result=result))
 
-    def _dropped(self, job: Job, reason: str) -> None:
+    def dropped(self, job: Job, reason: str) -> None:
         """The scheduler took a queued job out (cancelled, deadline, or closing)."""
         seq: SeqState = job.payload
         seq.close()

@@ -302,3 +302,28 @@ def test_a_failed_decode_ends_its_requests_and_the_engine_goes_on(manual, monkey
     after = eng.submit(_greedy(eng, PROMPTS[2], 6))
     _drain(eng)
     assert after.result(timeout=1).text == reference(PROMPTS[2], 6)
+
+
+def test_a_reader_that_goes_away_cancels_within_a_step(manual) -> None:
+    eng = manual
+    handle = eng.submit(_greedy(eng, PROMPTS[0], 50))
+    eng.step()
+    eng.step()
+    stream = handle.events(timeout=1)
+    assert next(stream).kind == "text"
+    stream.close()  # a client that disconnected: the server stops reading
+    eng.step()
+    assert handle.job.id not in eng.slots() and handle.finished
+
+    async def read_one(h) -> str:
+        async for event in h.aevents():
+            return event.kind  # leaves the async generator: closed, and the request cancelled
+        return ""
+
+    other = eng.submit(_greedy(eng, PROMPTS[1], 50))
+    eng.step()
+    eng.step()
+    assert asyncio.run(read_one(other)) == "text"
+    eng.step()
+    assert other.job.id not in eng.slots() and other.finished
+    _drain(eng)
