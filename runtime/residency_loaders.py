@@ -8,7 +8,6 @@ planned, and closes it and raises BackendError if not: the manager's sum must be
 
 from __future__ import annotations
 
-import inspect
 import logging
 from collections.abc import Mapping
 from typing import Any
@@ -26,7 +25,7 @@ def _key(spec: Any) -> tuple[Any, ...]:
     return spec.name, spec.ref, spec.kind, tuple(sorted((k, repr(v)) for k, v in spec.options.items()))
 
 
-COUNTS = ("ctx", "slots", "threads", "batch")  # options that are positive whole numbers
+COUNTS = ("ctx", "slots", "threads", "batch", "max_queued")  # options that are positive whole numbers
 
 
 def _options(spec: Any, valid: tuple[str, ...]) -> dict[str, Any]:
@@ -59,28 +58,18 @@ def _agrees(spec: Any, obj: Any, planned: int) -> Any:
     return obj
 
 
-def _engine() -> Any:
-    """runtime.engine.Engine (continuous batching) when it is there and the planner plans its slots, else None."""
-    from runtime.plan import plan_llm
-
-    try:
-        from runtime.engine import Engine
-    except ImportError:
-        return None
-    return Engine if "slots" in inspect.signature(plan_llm).parameters else None
-
-
 class LLMLoader:
-    """kind "llm": a GGUF model, as runtime.engine.Engine when present (else runtime.llm.LLM).
-    Options: ctx (per slot with the engine), slots and max_queued (engine only: requests waiting per priority
-    class), threads, kv_type, prefix_cache_bytes."""
+    """kind "llm": a GGUF model as runtime.engine.Engine (continuous batching). Options: ctx (per slot), slots
+    (default the engine's), max_queued (requests waiting per priority class), threads, target, kv_type,
+    prefix_cache_bytes."""
 
-    OPTIONS = ("ctx", "slots", "max_queued", "threads", "kv_type", "prefix_cache_bytes")
+    OPTIONS = ("ctx", "slots", "max_queued", "threads", "target", "kv_type", "prefix_cache_bytes")
 
     def __init__(self) -> None:
         self._plans: dict[tuple[Any, ...], tuple[Any, Any]] = {}
 
     def plan_bytes(self, spec: Any, budget: int) -> int:
+        from runtime.engine import DEFAULT_SLOTS
         from runtime.gguf_file import read_gguf
         from runtime.plan import KVType, plan_llm
 
@@ -91,10 +80,9 @@ class LLMLoader:
             raise BadInput(f"{spec.name}: {manifest.ref} is a {manifest.kind.value} model, not kind 'llm'")
         with model.opened(manifest.file("weights").path) as (weights,):  # the file that was verified (runtime.loader)
             info = read_gguf(weights)
-        extra = {"slots": self._slots(opts)} if _engine() is not None else {}
         kv = KVType(opts["kv_type"]) if opts.get("kv_type") is not None else None  # checked by _options
-        plan = plan_llm(info, budget, name=manifest.ref, ctx=opts.get("ctx"), kv_type=kv,
-                        prefix_cache_bytes=opts.get("prefix_cache_bytes"), **extra)
+        plan = plan_llm(info, budget, name=manifest.ref, ctx=opts.get("ctx"), kv_type=kv, slots=opts.get("slots") or DEFAULT_SLOTS,
+                        prefix_cache_bytes=opts.get("prefix_cache_bytes"))
         self._plans[_key(spec)] = (model, plan)
         return plan.total_bytes
 
@@ -102,29 +90,16 @@ class LLMLoader:
         return {BackendName.LLAMACPP.value: self._plans[_key(spec)][1].runtime_bytes}
 
     def load(self, spec: Any, budget: int) -> Any:
+        from runtime.engine import Engine
+
         if _key(spec) not in self._plans:
             self.plan_bytes(spec, budget)
         model, plan = self._plans[_key(spec)]
-        opts = dict(spec.options)
+        opts = {k: v for k, v in spec.options.items() if k in ("ctx", "threads", "target", "max_queued") and v is not None}
         # The planner's own choices, so that it makes this plan again within the smaller budget.
-        common = {"memory": budget, "ctx": opts.get("ctx"), "threads": opts.get("threads"), "kv_type": plan.kv_type,
-                  "prefix_cache_bytes": plan.prefix_cache_bytes}
-        engine = _engine()
-        if engine is not None:
-            queued = {"max_queued": opts["max_queued"]} if "max_queued" in opts else {}
-            obj = engine.load(model, slots=self._slots(opts), **queued, **common)
-        else:
-            from runtime.llm import LLM
-
-            obj = LLM.load(model, **common)
+        obj = Engine.load(model, memory=budget, slots=plan.n_slots, kv_type=plan.kv_type,
+                          prefix_cache_bytes=plan.prefix_cache_bytes, **opts)
         return _agrees(spec, obj, plan.total_bytes)
-
-    @staticmethod
-    def _slots(opts: Mapping[str, Any]) -> int:
-        if "slots" in opts:
-            return int(opts["slots"])
-        engine = _engine()
-        return int(inspect.signature(engine.load).parameters["slots"].default) if engine is not None else 1
 
 
 class VisionLoader:

@@ -314,7 +314,8 @@ def test_bad_specs_are_refused_with_one_line(loader, clock, bad, error, match) -
     ("llm", {"threads": True}, "option threads=True must be"),
     ("llm", {"kv_type": "q4_0"}, "kv_type='q4_0' is not one of: f16, q8_0"),
     ("llm", {"prefix_cache_bytes": -1}, "prefix_cache_bytes=-1"),
-    ("llm", {"batch": 4}, r"unknown llm option 'batch' \(valid: ctx, slots, max_queued, threads, kv_type, prefix_cache_bytes\)"),
+    ("llm", {"batch": 4}, r"unknown llm option 'batch' \(valid: ctx, slots, max_queued, threads, target, kv_type, prefix_cache_bytes\)"),
+    ("llm", {"max_queued": 0}, "option max_queued=0 must be"),
     ("vision", {"ctx": 512}, "unknown vision option 'ctx'"),
     ("vision", {"batch": 1.5}, "option batch=1.5 must be"),
     ("audio", {"batch": 2}, "unknown audio option 'batch'"),
@@ -490,41 +491,19 @@ def test_the_spec_is_kept_as_it_was_added(loader, clock) -> None:
 
 
 @pytest.mark.slow
-def test_the_llm_loader_plans_and_loads_the_engine_slots_alike(smollm, monkeypatch) -> None:
-    """With runtime.engine present, the slots of the spec reach both the planner and Engine.load (ctx per slot),
-    so the engine's plan is the admitted one. The engine here is a stand-in with Engine.load's signature that
-    plans as the real one must (runtime.plan.plan_llm on the verified file) and loads nothing."""
-    import sys
-    import types
+def test_the_llm_loader_plans_and_loads_the_engine_slots_alike(smollm) -> None:
+    """The slots of the spec (else Engine.load's default) reach both the planner and runtime.engine.Engine.load,
+    ctx per slot, so the engine runs the plan it was admitted with."""
+    import inspect
 
-    from runtime.gguf_file import read_gguf
-    from runtime.plan import plan_llm
+    from runtime.engine import Engine
 
-    class StandInEngine:
-        loads: list[dict[str, Any]] = []
-
-        def __init__(self, plan: Any) -> None:
-            self.plan = plan
-
-        @classmethod
-        def load(cls, model: Any, *, memory: Any = None, slots: int = 4, ctx: Any = None, threads: Any = None,
-                 kv_type: Any = None, prefix_cache_bytes: Any = None, max_queued: int = 64, aging_s: float = 5.0) -> Any:
-            cls.loads.append({"slots": slots, "ctx": ctx})
-            with model.opened(model.manifest.file("weights").path) as (weights,):
-                info = read_gguf(weights)
-            return cls(plan_llm(info, memory, name=model.manifest.ref, ctx=ctx, kv_type=kv_type,
-                                prefix_cache_bytes=prefix_cache_bytes, slots=slots))
-
-        def close(self) -> None:
-            pass
-
-    monkeypatch.setitem(sys.modules, "runtime.engine", types.SimpleNamespace(Engine=StandInEngine))
+    default = inspect.signature(Engine.load).parameters["slots"].default
     with ResidencyManager(1 << 30) as rm:
-        rm.add(ModelSpec("two", "default", "llm", options={"slots": 2, "ctx": 512}))
-        rm.add(ModelSpec("dflt", "default", "llm", options={"ctx": 512}))  # the engine's own default slots
-        for name, slots in (("two", 2), ("dflt", 4)):
+        rm.add(ModelSpec("two", "default", "llm", options={"slots": 2, "ctx": 512, "threads": 1}))
+        rm.add(ModelSpec("dflt", "default", "llm", options={"ctx": 256, "threads": 1}))
+        for name, slots, ctx in (("two", 2, 512), ("dflt", default, 256)):
             with rm.acquire(name) as engine:
-                assert isinstance(engine, StandInEngine)
-                assert (engine.plan.n_slots, engine.plan.slot_ctx) == (slots, 512)
+                assert isinstance(engine, Engine)
+                assert (engine.plan.n_slots, engine.plan.slot_ctx) == (slots, ctx)
                 assert engine.plan.total_bytes == rm.planned_bytes(name)
-    assert StandInEngine.loads == [{"slots": 2, "ctx": 512}, {"slots": 4, "ctx": 512}]
