@@ -7,9 +7,10 @@ classifiers) within one budget. The server, the kiosk and the voice assistant sh
     from runtime.units import parse_size
 
     models = ResidencyManager(parse_size("1.5G"))
-    models.add(ModelSpec("chat", "default", "llm", pinned=True, options={"ctx": 2048}))
+    models.add(ModelSpec("chat", "default", "llm", pinned=True, options={"ctx": 2048, "slots": 4}))
     models.add(ModelSpec("digits", "/models/digits", "vision", keep_alive_s=60))
-    with models.acquire("chat") as llm:   # loaded on first use; a lease: never evicted while held
+    with models.acquire("chat") as engine:  # a runtime.engine.Engine, loaded on first use; a lease: never
+                                           # evicted while held
         ...                                # hold the lease for the whole request, streaming included
     models.sweep()                         # now and then: unload models idle longer than their keep_alive_s
     models.swap("chat", ModelSpec("chat", "default@2", "llm"))  # new leases get version 2; a lease
@@ -75,9 +76,9 @@ class ModelSpec:
     """A model the manager may load. ``name``: the public name callers acquire (a valid store name);
     ``ref``: what :func:`runtime.resolve.resolve` takes (installed name[@version], bundle dir, .gguf);
     ``kind``: a loader's key ("llm", "vision", "audio"); ``keep_alive_s``: seconds idle before
-    :meth:`ResidencyManager.sweep` unloads it (None: never; 0: at once); ``options``: the loader's
-    (llm: ctx, slots, threads, kv_type, prefix_cache_bytes; vision: batch, threads, target; audio: threads,
-    target: see :mod:`runtime.residency_loaders`)."""
+    :meth:`ResidencyManager.sweep` unloads it (None: never; 0: at once); ``options``: the loader's (llm: ctx
+    per slot, slots, max_queued, threads, target, kv_type, prefix_cache_bytes; vision: batch, threads, target;
+    audio: threads, target; see :mod:`runtime.residency_loaders`)."""
 
     name: str
     ref: str
