@@ -165,7 +165,7 @@ async def levels(base: str, tag: str, counts: tuple[int, ...]) -> dict:
                   "tokens_per_request": r.tokens / max(1, r.counts["ok"]), "ttft_ms": r.ttft_ms, "e2e_ms": r.e2e_ms,
                   "stream_decode_tps_p50": r.stream_decode_tps_p50, "wall_s": r.wall_s, "load1": r.load1,
                   "errors": r.errors}
-        print(f"  {n} clients: {r.tokens_per_s:.1f} tok/s, TTFT p50 {r.ttft_ms['p50']} ms, counts {r.counts}", flush=True)
+        print(f"  {n} clients: {r.tokens_per_s:.1f} tok/s, TTFT p50 {_f(r.ttft_ms['p50'])} ms, counts {r.counts}", flush=True)
     return out
 
 
