@@ -182,24 +182,33 @@ async def urgent_ttft(base: str, client: httpx.AsyncClient, n: int, tag: str) ->
 
 
 async def urgent(base: str, n_urgent: int = 8, n_batch: int = 8) -> dict:
-    """Urgent TTFT idle, then while ``n_batch`` batch-class streams decode (they are hung up on afterwards)."""
+    """Urgent TTFT idle, then while ``n_batch`` batch-class streams decode (each restarted when it ends, hung up on
+    afterwards)."""
     async with httpx.AsyncClient(trust_env=False, limits=httpx.Limits(max_connections=n_batch + 4)) as client:
         idle = await urgent_ttft(base, client, n_urgent, "idle")
 
-        async def batch(prompt: Prompt):
-            return await stream_one(client, base, "completions", request_body("completions", prompt, MODEL_NAME, 1024, 0.0),
-                                    request_headers("batch"), priority="batch", timeout_s=600)
+        stop = asyncio.Event()
+        ended: list = []
 
-        tasks = [asyncio.create_task(batch(p)) for p in prompts(n_batch, "batch")]
+        async def batch(lane: int):  # one batch-class stream at a time, restarted as soon as it ends, until stop
+            for k in range(1000):
+                prompt = prompts(1, f"batch-{lane}-{k}")[0]
+                out = await stream_one(client, base, "completions", request_body("completions", prompt, MODEL_NAME, 512, 0.0),
+                                       request_headers("batch"), priority="batch", timeout_s=600)
+                ended.append({"status": out.status, "tokens": out.tokens, "error": out.error})
+                if stop.is_set():
+                    return
+
+        tasks = [asyncio.create_task(batch(i)) for i in range(n_batch)]
         await asyncio.sleep(2.0)  # the batch prompts (~25 tokens each) are prefilled and decoding by then
         load = os.getloadavg()[0]
         busy = await urgent_ttft(base, client, n_urgent, "busy")
-        still_running = sum(not t.done() for t in tasks)
+        stop.set()
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
     return {"idle_ttft_ms": idle, "busy_ttft_ms": busy, "idle_p95_ms": _p(idle, 95), "busy_p95_ms": _p(busy, 95),
-            "ratio": _p(busy, 95) / _p(idle, 95), "batch_streams_still_running": still_running, "load1": load}
+            "ratio": _p(busy, 95) / _p(idle, 95), "batch_streams_ended_meanwhile": ended, "load1": load}
 
 
 def cache_hit(base: str, repeats: int = 8) -> dict:
