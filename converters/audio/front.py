@@ -52,7 +52,7 @@ class AudioFront:
             )
         return report, ref, test
 
-    def describe(self, choice: Choice, report: GateReport, ref: np.ndarray) -> dict[str, Any]:
+    def describe(self, choice: Choice, ref: np.ndarray) -> dict[str, Any]:
         held = (f"held out of --calib {self.calib} (every {HOLD_OUT_EVERY}th file, or window of an .npz; "
                 "they did not calibrate): no --eval given")
         return {"sample_rate": self.spec.sample_rate, "frontend": self.spec.frontend,

@@ -74,8 +74,9 @@ class FrontEnd(Protocol):
         """Both models over the evaluation set (never calibrated on), measured as this kind of model is judged."""
         ...
 
-    def describe(self, choice: Choice, report: GateReport, ref: np.ndarray) -> dict[str, Any]:
-        """The report's fields beyond the shared ones (the gate's, recipe, why, rounding, format, calibration_samples)."""
+    def describe(self, choice: Choice, ref: np.ndarray) -> dict[str, Any]:
+        """The report's fields beyond the shared ones (the gate's, recipe, why, rounding, format, calibration_samples);
+        ``ref``: the float model's outputs over the evaluation set."""
         ...
 
     def failure(self, choice: Choice, report: GateReport, data: dict[str, Any]) -> str:
@@ -124,7 +125,7 @@ def _convert(opts: Options, front: FrontEnd, work: Path) -> Result:
     report, ref, test = front.gate(float_path, model_path, ext, opts.min_agreement)
     data = report.to_dict()
     data.update(recipe=choice.quant.value, why=choice.why, rounding=choice.rounding, format=ext,
-                calibration_samples=len(front.calibration), **front.describe(choice, report, ref))
+                calibration_samples=len(front.calibration), **front.describe(choice, ref))
     if not report.passed:
         raise QualityGateFailed(front.failure(choice, report, data))
     extra, spec_extra = front.extras(bundle, work)

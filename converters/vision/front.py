@@ -38,7 +38,7 @@ class VisionFront:
         ev = self.evaluation
         return run_gate(float_path, model_path, ext, ev.x, ev.labels, min_agreement, noisy_x=noisy_inputs(ev.x, self.spec))
 
-    def describe(self, choice: Choice, report: GateReport, ref: np.ndarray) -> dict[str, Any]:
+    def describe(self, choice: Choice, ref: np.ndarray) -> dict[str, Any]:
         data = {"equalization": choice.equalization, "evaluation": evaluation_line(self.eval_set, self.calib)}
         if self.source.module is not None:
             data["conversion"] = parity(self.source.module, self.evaluation.x, ref, self.spec.layout)
