@@ -18,6 +18,12 @@ bounded queues, aging, deadlines). Every step of the engine thread:
    tokens while others decode, so a long prompt does not stall them);
 4. one ``llama_decode``; each slot that got logits samples its next token with its own sampler.
 
+Greedy text equals the single-stream LLM's token for token where llama.cpp computes each row of a batch alike
+(SmolLM2's Q4_1: tested, 4 concurrent requests, preempted ones too). Weights that llama.cpp's CPU backend repacks
+into multi-row kernels (Q4_K, Q6_K, Q8_0 on x86) can round a row computed beside others differently from the same
+row alone, so a near-tie may go the other way, as with llama-server's parallel slots (Gemma 3 Q4_K_M here: one
+prompt of three prefilled in one batch ended "red, blue and yellow" where alone it says "red, yellow, and blue").
+
 The step loop itself is in runtime/engine_loop.py.
 """
 
