@@ -1,0 +1,1 @@
+"""Tests of apps/kiosk and its data generator."""
