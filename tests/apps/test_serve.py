@@ -160,18 +160,22 @@ def _slots_free(server: LiveServer, within_s: float) -> bool:
 def test_disconnecting_client_frees_its_slot(llm_server: LiveServer, stream: bool) -> None:
     cancelled = llm_server.metric("edgerun_requests_total", model="default", status="cancelled") or 0
     body = json.dumps({"model": "default", "prompt": ENDLESS, "max_tokens": 4000, "temperature": 0, "stream": stream}).encode()
-    sock = socket.create_connection(("127.0.0.1", llm_server.port))
-    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nCache-Control: no-store\r\n"
-                 + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
-    if stream:
-        assert b"data: " in sock.recv(65536)  # generating
-    else:
-        time.sleep(1.0)
-        assert llm_server.metric("edgerun_slots_busy", model="default") == 1
-    sock.close()
+    with socket.create_connection(("127.0.0.1", llm_server.port)) as sock:
+        sock.settimeout(60)
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Cache-Control: no-store\r\n" + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+        if stream:
+            got = b""
+            while b"data: " not in got:  # the headers and the first event may come in separate reads
+                got += sock.recv(65536)
+        else:
+            deadline = time.monotonic() + 60
+            while llm_server.metric("edgerun_slots_busy", model="default") != 1:  # generating
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
     # 4000 tokens would take minutes here; the slot is free within a moment of the client leaving.
-    assert _slots_free(llm_server, 5.0)
-    deadline = time.monotonic() + 5
+    assert _slots_free(llm_server, 15.0)
+    deadline = time.monotonic() + 15
     while (llm_server.metric("edgerun_requests_total", model="default", status="cancelled") or 0) <= cancelled:
         assert time.monotonic() < deadline, "the request was not counted as cancelled"
         time.sleep(0.05)
@@ -179,6 +183,7 @@ def test_disconnecting_client_frees_its_slot(llm_server: LiveServer, stream: boo
 
 def test_full_queue_is_429_with_retry_after(llm_server: LiveServer) -> None:
     req = {"model": "default", "prompt": COUNT, "max_tokens": 48}
+    assert _slots_free(llm_server, 30)  # 2 slots and 2 queued: of 10 sent at once, some must be refused
     with ThreadPoolExecutor(10) as pool:
         answers = list(pool.map(lambda _: llm_server.request("POST", "/v1/completions", req, NO_STORE), range(10)))
     statuses = sorted(a[0] for a in answers)
