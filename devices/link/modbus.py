@@ -32,6 +32,7 @@ FC_READ_DISCRETE_INPUTS = 2
 FC_WRITE_SINGLE_COIL = 5
 FC_WRITE_SINGLE_REGISTER = 6
 REGISTER_MAX = 0xFFFF
+MAX_WRITE_REGISTERS = 123  # the Modbus limit for one write-multiple-registers request
 
 
 @dataclass(frozen=True)
@@ -96,6 +97,14 @@ class ModbusDecisionLink:
         self._call("write_register", m.decision_register, value, device_id=m.device_id)
         if m.decision_coil is not None:
             self._call("write_coil", m.decision_coil, bool(value), device_id=m.device_id)
+
+    def write_registers(self, values: list[int]) -> None:
+        """Write ``values`` to consecutive holding registers from the decision register in one request
+        (function 16), so the PLC sees them together; LinkDown when the PLC does not answer."""
+        if not 1 <= len(values) <= MAX_WRITE_REGISTERS or not all(0 <= v <= REGISTER_MAX for v in values):
+            raise BadInput(f"a register block is 1..{MAX_WRITE_REGISTERS} values of 0..{REGISTER_MAX}, got {values!r:.80}")
+        m = self.mapping
+        self._call("write_registers", m.decision_register, list(values), device_id=m.device_id)
 
     def read_trigger(self) -> bool:
         reply = self._call("read_discrete_inputs", self.mapping.trigger_input, count=1, device_id=self.mapping.device_id)

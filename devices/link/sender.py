@@ -107,9 +107,12 @@ class ResultLink:
             self._thread.start()
         return self
 
-    def submit(self, payload: bytes) -> int:
-        """Journal a result (durable when this returns) and return its sequence number."""
-        seq = self.journal.append(payload)
+    def submit(self, payload: bytes, type: FrameType = FrameType.RESULT, *, failsafe_reason: str | None = None) -> int:
+        """Journal a result (durable when this returns) and return its sequence number.
+
+        ``type=FrameType.FAILSAFE`` sends a fail-safe value decided by the caller (a kiosk's
+        deadline or saturation reject); ``failsafe_reason`` goes to the journal's fail-safe log."""
+        seq = self.journal.append(payload, type, failsafe_reason=failsafe_reason)
         self._wake()
         return seq
 
