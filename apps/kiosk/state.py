@@ -1,0 +1,418 @@
+"""What the kiosk shows: a small thread-safe observable the kiosk app updates and the dashboard reads.
+
+The app calls :meth:`KioskState.on_decision` for every decision (from the pipeline's thread) and the ``set_*``
+methods when the PLC link, the source, the pipeline or the model change. None of them blocks on a reader: the
+dashboard subscribes (:meth:`KioskState.subscribe`) and gets a bounded queue of change notes per browser; a slow
+browser loses the oldest notes (counted), never slows the line. Pictures are encoded only when someone asks for
+them (:meth:`frame_picture`, :meth:`reject_picture`), on the asker's thread.
+
+Times: ``clock`` is ``time.monotonic`` (rates, buckets), ``wall`` is ``time.time`` (what the page prints);
+latencies are milliseconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import threading
+import time
+from collections import Counter, deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from apps.kiosk import overlay
+from apps.kiosk.types import Decision, Verdict
+from runtime.errors import BadInput
+
+log = logging.getLogger(__name__)
+
+MAX_REASONS = 16  # distinct fail-safe reasons counted by name; more are counted as "other"
+REASON_CHARS = 48  # a reason's key: its text up to the first ":" (the detail after it varies per part)
+TEMPERATURE_EVERY_S = 5.0  # a thermal zone read costs a few syscalls: at most once per this many seconds
+RECENT_FRAMES = 8  # frames kept so the page can fetch the frame of the decision it shows, not a newer one
+
+
+def board_temperature_c() -> float | None:
+    """The CPU's temperature from the board's thermal zones, None when there is no readable sensor (as the
+    server's metrics read it)."""
+    from devices.live import cpu_temperature_c, read_thermal_zones
+    from devices.rootfs import RootFS
+
+    return cpu_temperature_c(read_thermal_zones(RootFS.at("/")))
+
+
+def _percentile(values: np.ndarray, q: float) -> float | None:
+    return round(float(np.percentile(values, q)), 3) if values.size else None
+
+
+def _jsonable(value: Any) -> Any:
+    """``value`` with only JSON types: enums by value, numpy scalars as numbers, NaN/inf as None, other objects
+    as text. For the free-form dicts the app hands in (PLC state, source health, pipeline stats)."""
+    if isinstance(value, Mapping):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set, frozenset, deque)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, (bool, int, str)) or value is None:
+        return value.value if hasattr(value, "value") and isinstance(value, str) else value
+    if isinstance(value, (float, np.floating)):
+        return float(value) if math.isfinite(value) else None
+    if isinstance(value, np.integer):
+        return int(value)
+    if isinstance(value, np.bool_):
+        return bool(value)
+    return str(getattr(value, "value", value))
+
+
+def reason_key(reason: str) -> str:
+    """The name a fail-safe reason is counted under: its text before the first ':' ("deadline: 153 ms" ->
+    "deadline"), so per-part details do not make every reason distinct."""
+    return (reason.split(":", 1)[0].strip() or "unknown")[:REASON_CHARS]
+
+
+@dataclass
+class _Shown:
+    """A decided part whose picture may be asked for: the arrays until the picture is first encoded."""
+
+    n: int  # the gallery's own number, never reused (the reject picture's URL)
+    decision: Decision
+    image: np.ndarray | None
+    t_wall: float
+    picture: bytes | None = None
+
+    def summary(self) -> dict[str, Any]:
+        d = self.decision
+        return {"n": self.n, "seq": d.seq, "frame_id": d.frame_id, "verdict": Verdict(d.verdict).value,
+                "reason": d.reason, "score": _jsonable(d.score), "confidence": _jsonable(d.confidence),
+                "failsafe": bool(d.failsafe), "label": d.label, "t": self.t_wall,
+                "image": self.image is not None or self.picture is not None, "heatmap": d.heatmap is not None}
+
+    def encode(self) -> bytes | None:
+        """The JPEG (heat map blended in), made once; the arrays are dropped then."""
+        image, picture = self.image, self.picture  # locals: two readers may encode at once, both correctly
+        if picture is None and image is not None:
+            picture = self.picture = overlay.encode(image, self.decision.heatmap)
+            self.image = None
+        return picture
+
+
+@dataclass
+class _Bucket:
+    t0: float  # monotonic start
+    t_wall: float
+    counts: Counter
+    latencies: list[float]
+
+    def summary(self) -> dict[str, Any]:
+        lat = np.asarray(self.latencies, dtype=np.float64)
+        return {"t": round(self.t_wall, 3), "parts": sum(self.counts[v.value] for v in Verdict),
+                **{v.value: self.counts[v.value] for v in Verdict}, "failsafe": self.counts["failsafe"],
+                "p50": _percentile(lat, 50), "p99": _percentile(lat, 99)}
+
+
+class Subscription:
+    """A reader's bounded queue of change notes (``{"kind": ...}``). The writer never waits: when the queue is
+    full the oldest note goes (``dropped`` counts them). Read with :meth:`get` (a thread) or :meth:`next`
+    (an asyncio task of the loop given to :meth:`KioskState.subscribe`)."""
+
+    def __init__(self, state: KioskState, maxsize: int, loop: asyncio.AbstractEventLoop | None) -> None:
+        self._state = state
+        self._notes: deque[dict[str, Any]] = deque()
+        self._maxsize = maxsize
+        self._cond = threading.Condition()
+        self._loop = loop
+        self._ready = asyncio.Event() if loop is not None else None
+        self.dropped = 0
+        self.closed = False
+
+    def put(self, note: dict[str, Any]) -> None:
+        with self._cond:
+            if self.closed:
+                return
+            if len(self._notes) >= self._maxsize:
+                self._notes.popleft()
+                self.dropped += 1
+            self._notes.append(note)
+            self._cond.notify_all()
+        if self._loop is not None:
+            try:
+                self._loop.call_soon_threadsafe(self._ready.set)
+            except RuntimeError:  # the reader's loop is closed: it is gone
+                self.close()
+
+    def _drain(self) -> list[dict[str, Any]]:
+        notes = list(self._notes)
+        self._notes.clear()
+        return notes
+
+    def get(self, timeout: float | None = None) -> list[dict[str, Any]]:
+        """The notes queued so far, waiting up to ``timeout`` s for one; [] on timeout or once closed."""
+        with self._cond:
+            self._cond.wait_for(lambda: self._notes or self.closed, timeout)
+            return self._drain()
+
+    async def next(self, timeout: float | None = None) -> list[dict[str, Any]]:
+        """Like :meth:`get`, from the subscribing loop."""
+        if self._ready is None:
+            raise BadInput("this subscription has no event loop: subscribe(loop=...) to read it with next()")
+        with self._cond:
+            if self._notes or self.closed:
+                return self._drain()
+            self._ready.clear()
+        try:
+            await asyncio.wait_for(self._ready.wait(), timeout)
+        except TimeoutError:
+            pass
+        with self._cond:
+            return self._drain()
+
+    def close(self) -> None:
+        with self._cond:
+            self.closed = True
+            self._cond.notify_all()
+        if self._loop is not None and not self._loop.is_closed():
+            try:
+                self._loop.call_soon_threadsafe(self._ready.set)
+            except RuntimeError:
+                pass
+        self._state._unsubscribe(self)
+
+    def __enter__(self) -> Subscription:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class KioskState:
+    """Counts, rates, a latency window, a bounded reject gallery and a bounded history, fed by the kiosk app.
+
+    ``gallery``: rejects kept (newest first on the page); ``latency_window``: decisions the p50/p99 are over;
+    ``rate_window_s``: the window parts/s is measured over; ``bucket_s`` and ``history``: the charts' bucket
+    width and how many buckets are kept; ``saturation_hold_s``: how long "saturated" stays on after the last
+    saturated part; ``temperature``: a no-argument callable giving °C or None (default: the board's sensor).
+    """
+
+    def __init__(self, *, model: str = "", version: str = "", gallery: int = 24, latency_window: int = 1000,
+                 rate_window_s: float = 10.0, bucket_s: float = 60.0, history: int = 60,
+                 saturation_hold_s: float = 5.0, temperature: Callable[[], float | None] | None = board_temperature_c,
+                 clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time) -> None:
+        for name, value in (("gallery", gallery), ("latency_window", latency_window), ("history", history)):
+            if not isinstance(value, int) or value < 1:
+                raise BadInput(f"KioskState {name} must be a positive integer, got {value!r}")
+        for name, value in (("rate_window_s", rate_window_s), ("bucket_s", bucket_s)):
+            if not value > 0:
+                raise BadInput(f"KioskState {name} must be > 0 seconds, got {value!r}")
+        self._lock = threading.Lock()
+        self._clock, self._wall = clock, wall
+        self._temperature = temperature
+        self._temp_value: float | None = None
+        self._temp_at = -math.inf
+        self.rate_window_s, self.bucket_s, self.saturation_hold_s = rate_window_s, bucket_s, saturation_hold_s
+        self.model, self.version = model, version
+        self.started = wall()
+        self._t0 = clock()
+        self.changes = 0  # bumped on every update: a snapshot's "version"
+        self._counts: Counter = Counter()
+        self._reasons: Counter = Counter()
+        self._latency: deque[dict[str, float]] = deque(maxlen=latency_window)
+        self._times: deque[float] = deque(maxlen=100_000)  # decision times within the rate window
+        self._gallery: deque[_Shown] = deque(maxlen=gallery)
+        self._rejects = 0
+        self._recent: deque[_Shown] = deque(maxlen=RECENT_FRAMES)
+        self._history: deque[_Bucket] = deque(maxlen=history)
+        self._bucket: _Bucket | None = None
+        self._saturated_at = -math.inf
+        self._pipeline: dict[str, Any] | None = None
+        self._plc: dict[str, Any] | None = None
+        self._source: dict[str, Any] | None = None
+        self._subscribers: list[Subscription] = []
+
+    # --- writers (the kiosk app's threads) ---------------------------------------------------------------------
+
+    def on_decision(self, decision: Decision, image: np.ndarray | None = None, *, saturated: bool = False) -> None:
+        """Count one decision. ``image`` is the part's frame (HxWx3 uint8 RGB) when there is one: it becomes the
+        live frame and, for a reject, a gallery picture (with ``decision.heatmap`` blended in). ``saturated``:
+        this part was decided by the fail-safe because the box was full."""
+        verdict = Verdict(decision.verdict)
+        now, wall = self._clock(), self._wall()
+        with self._lock:
+            self._roll(now, wall)
+            self._counts[verdict.value] += 1
+            self._bucket.counts[verdict.value] += 1
+            if decision.failsafe:
+                self._counts["failsafe"] += 1
+                self._bucket.counts["failsafe"] += 1
+                key = reason_key(decision.reason)
+                self._reasons[key if key in self._reasons or len(self._reasons) < MAX_REASONS else "other"] += 1
+            if saturated:
+                self._counts["saturated"] += 1
+                self._saturated_at = now
+            total = decision.latency_ms.get("total")
+            if total is not None and math.isfinite(total):
+                self._latency.append({k: float(v) for k, v in decision.latency_ms.items() if math.isfinite(v)})
+                self._bucket.latencies.append(float(total))
+            self._times.append(now)
+            self.model, self.version = decision.model or self.model, decision.version or self.version
+            shown = _Shown(0, decision, image, wall)
+            self._recent.append(shown)
+            if verdict is Verdict.REJECT:
+                self._rejects += 1
+                shown.n = self._rejects
+                self._gallery.append(shown)
+            self.changes += 1
+        self._publish({"kind": "decision", "seq": decision.seq, "verdict": verdict.value})
+
+    def set_pipeline(self, stats: Mapping[str, Any]) -> None:
+        """The pipeline's ``stats()``. A rise of its ``saturated`` count turns "saturated" on for
+        ``saturation_hold_s``."""
+        stats = _jsonable(stats)
+        with self._lock:
+            before = (self._pipeline or {}).get("saturated")
+            after = stats.get("saturated")
+            if isinstance(after, (int, float)) and after > (before if isinstance(before, (int, float)) else 0):
+                self._saturated_at = self._clock()
+            self._pipeline = stats
+            self.changes += 1
+        self._publish({"kind": "pipeline"})
+
+    def set_plc(self, state: Mapping[str, Any] | None) -> None:
+        """The PLC link's ``state()`` (connected, backlog, last ack...), None when the kiosk has no PLC."""
+        self._set("_plc", None if state is None else _jsonable(state), "plc")
+
+    def set_source(self, health: Mapping[str, Any] | None) -> None:
+        """The source's ``health()`` (camera open, frames, restarts...)."""
+        self._set("_source", None if health is None else _jsonable(health), "source")
+
+    def set_model(self, name: str, version: str) -> None:
+        with self._lock:
+            self.model, self.version = name, version
+            self.changes += 1
+        self._publish({"kind": "model"})
+
+    def _set(self, attr: str, value: Any, kind: str) -> None:
+        with self._lock:
+            setattr(self, attr, value)
+            self.changes += 1
+        self._publish({"kind": kind})
+
+    def _roll(self, now: float, wall: float) -> None:
+        """Close the history buckets ``now`` is past (empty ones for a quiet line) and open the current one.
+        Called with the lock held."""
+        if self._bucket is None:
+            self._bucket = _Bucket(now, wall, Counter(), [])
+            return
+        passed = int((now - self._bucket.t0) // self.bucket_s)
+        if passed <= 0:
+            return
+        self._history.append(self._bucket)
+        t0 = self._bucket.t0
+        first_wall = self._bucket.t_wall
+        for k in range(max(1, passed - self._history.maxlen), passed):  # the empty ones, at most a history's worth
+            self._history.append(_Bucket(t0 + k * self.bucket_s, first_wall + k * self.bucket_s, Counter(), []))
+        self._bucket = _Bucket(t0 + passed * self.bucket_s, first_wall + passed * self.bucket_s, Counter(), [])
+
+    def _publish(self, note: dict[str, Any]) -> None:
+        with self._lock:
+            subscribers = list(self._subscribers)
+        for sub in subscribers:
+            sub.put(note)
+
+    # --- readers (the dashboard) -------------------------------------------------------------------------------
+
+    def subscribe(self, maxsize: int = 16, loop: asyncio.AbstractEventLoop | None = None) -> Subscription:
+        """A new reader's queue of change notes, at most ``maxsize`` kept. Close it when the reader goes."""
+        sub = Subscription(self, maxsize, loop)
+        with self._lock:
+            self._subscribers.append(sub)
+        return sub
+
+    def _unsubscribe(self, sub: Subscription) -> None:
+        with self._lock:
+            if sub in self._subscribers:
+                self._subscribers.remove(sub)
+
+    @property
+    def subscribers(self) -> int:
+        with self._lock:
+            return len(self._subscribers)
+
+    def temperature_c(self) -> float | None:
+        """The device's temperature, read at most every TEMPERATURE_EVERY_S; None without a sensor."""
+        if self._temperature is None:
+            return None
+        now = self._clock()
+        if now - self._temp_at >= TEMPERATURE_EVERY_S:
+            try:
+                value = self._temperature()
+            except OSError as exc:
+                log.warning("cannot read the device temperature: %s", exc)
+                value = None
+            self._temp_value = None if value is None or not math.isfinite(value) else round(float(value), 1)
+            self._temp_at = now
+        return self._temp_value
+
+    def snapshot(self) -> dict[str, Any]:
+        """Everything the page shows, JSON-able (pictures by URL number, never inline)."""
+        temperature = self.temperature_c()
+        now, wall = self._clock(), self._wall()
+        with self._lock:
+            self._roll(now, wall)
+            while self._times and now - self._times[0] > self.rate_window_s:
+                self._times.popleft()
+            counts = {v.value: self._counts[v.value] for v in Verdict}
+            parts = sum(counts.values())
+            window = min(self.rate_window_s, max(now - self._t0, 1.0))  # a young kiosk: over its true age
+            totals = np.asarray([lat["total"] for lat in self._latency], dtype=np.float64)
+            stages = sorted({k for lat in self._latency for k in lat if k != "total"})
+            per_stage = {}
+            for stage in stages:
+                values = np.asarray([lat[stage] for lat in self._latency if stage in lat], dtype=np.float64)
+                per_stage[stage] = {"p50": _percentile(values, 50), "p99": _percentile(values, 99)}
+            last = self._recent[-1].summary() if self._recent else None
+            snap = {
+                "version": self.changes,
+                "t": round(wall, 3),
+                "started": round(self.started, 3),
+                "model": {"name": self.model, "version": self.version},
+                "counts": {"parts": parts, **counts, "failsafe": self._counts["failsafe"],
+                           "saturated": self._counts["saturated"]},
+                "failsafe_reasons": dict(self._reasons.most_common()),
+                "rates": {"parts_per_s": round(len(self._times) / window, 3) if self._times else 0.0,
+                          **{f"{v}_pct": round(100.0 * n / parts, 2) if parts else None for v, n in counts.items()},
+                          "failsafe_pct": round(100.0 * self._counts["failsafe"] / parts, 2) if parts else None},
+                "latency_ms": {"n": int(totals.size), "p50": _percentile(totals, 50), "p99": _percentile(totals, 99),
+                               "stages": per_stage},
+                "saturated": now - self._saturated_at <= self.saturation_hold_s,
+                "pipeline": self._pipeline,
+                "plc": self._plc,
+                "source": self._source,
+                "temperature_c": temperature,
+                "last": last,
+                "gallery": [shown.summary() for shown in reversed(self._gallery)],
+                "history": {"bucket_s": self.bucket_s,
+                            "buckets": [b.summary() for b in self._history] + [self._bucket.summary()]},
+                "subscribers": len(self._subscribers),
+            }
+        return snap
+
+    def frame_picture(self, seq: int | None = None) -> tuple[int, bytes] | None:
+        """(seq, JPEG) of the part ``seq`` when it is among the last few decided, else of the latest one with a
+        frame; None when no decided part had one."""
+        with self._lock:
+            recent = [s for s in self._recent if s.image is not None or s.picture is not None]
+        if not recent:
+            return None
+        chosen = next((s for s in recent if s.decision.seq == seq), recent[-1])
+        picture = chosen.encode()
+        return (chosen.decision.seq, picture) if picture is not None else None
+
+    def reject_picture(self, n: int) -> bytes | None:
+        """The JPEG of gallery reject ``n`` (heat map blended in), None when it has left the gallery or had no
+        frame."""
+        with self._lock:
+            shown = next((s for s in self._gallery if s.n == n), None)
+        return shown.encode() if shown is not None else None
