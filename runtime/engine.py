@@ -146,6 +146,7 @@ class Engine:
             params = params.with_(seed=secrets.randbelow(SEED_MAX + 1))
         tokens = list(prompt)
         keep = req.n_keep if req.n_keep is not None else (1 if len(tokens) > 1 and tokens[0] != tokens[1] else 0)
+        keep = max(0, min(keep, self.slot_ctx // 2))  # a context shift must be able to free cells
         truncations = list(req.truncations)
         tokens, keep = self._fit(tokens, params, keep, req.truncate, truncations)
         job = Job(payload=None, priority=Priority(req.priority), deadline=req.deadline, preemptible=req.preemptible)
@@ -164,7 +165,6 @@ class Engine:
         if not truncate:
             raise BadInput(f"the prompt has {n} tokens but a slot holds {limit}, {limit - room} of them for the prompt "
                            f"with room for {room} generated; shorten it, or ask for truncation")
-        keep = min(keep, limit // 2)
         tail = limit - room - keep
         dropped = n - keep - tail
         truncations.append(Truncation("prompt", dropped, 0))

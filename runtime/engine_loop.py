@@ -5,14 +5,14 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from runtime.backends.llamacpp_batch import LlamaCppBatch, Row
+from runtime.backends.llamacpp_batch import LlamaCppBatch, Row, SequenceView
 from runtime.engine_requests import Event
 from runtime.engine_seq import SeqState
 from runtime.errors import BackendError, Cancelled, DeadlineExceeded, EdgerunError
 from runtime.generation import Truncation
-from runtime.kv import MIN_REUSE, Reuse
+from runtime.kv import KVSequence
 from runtime.plan import MemoryPlan
 from runtime.prefix_cache import PrefixCache, common_prefix
 from runtime.scheduler import Job, Scheduler
@@ -24,7 +24,7 @@ IDLE_WAIT_S = 0.05  # an idle engine looks at cancelled queued requests this oft
 @dataclass
 class Slot:
     id: int  # = llama.cpp sequence id
-    cached: list[int] = field(default_factory=list)  # the tokens in this sequence's KV cells, positions 0..
+    kv: KVSequence  # the tokens in this sequence's KV cells (kv.tokens), kept as the single stream keeps its own
     job: Job | None = None
 
     @property
@@ -38,7 +38,7 @@ class Loop:
                  prefill_chunk: int) -> None:
         self.backend, self.scheduler, self.cache, self.plan = backend, scheduler, cache, plan
         self.prefill_chunk = prefill_chunk
-        self.slots = [Slot(i) for i in range(backend.n_slots)]
+        self.slots = [Slot(i, KVSequence(SequenceView(backend, i), cache)) for i in range(backend.n_slots)]
         self._stop = threading.Event()
         self._order = 0  # admission order, for fair prefill chunks
         self._admitted: dict[int, int] = {}  # slot id -> admission order
@@ -85,12 +85,11 @@ class Loop:
             where = self.backend.decode([row for _, row in work])
         except BackendError as exc:
             for slot, _ in work:
-                self.backend.remove(slot.id, 0, -1)
-                slot.cached = []
+                slot.kv.clear()
                 self._end(slot, exc)
             return True
         for (slot, row), index in zip(work, where, strict=True):
-            slot.cached.extend(row.tokens)
+            slot.kv.tokens.extend(row.tokens)  # decoded above, with the other slots' rows
             if index >= 0:
                 self._sampled(slot, index)
         return True
@@ -110,57 +109,29 @@ class Loop:
                 return
             seq: SeqState = job.payload
             # The free slot whose cache already holds the longest start of this prompt.
-            slot = max(free, key=lambda s: common_prefix(s.cached, seq.tokens))
-            seq.admitted(self._reuse(slot, seq.tokens))
+            slot = max(free, key=lambda s: common_prefix(s.kv.tokens, seq.tokens))
+            # Its own cells, a saved prefix, or cells after a gap (a chat that dropped turns): runtime/kv.py.
+            seq.admitted(slot.kv.prepare(seq.tokens))
+            # Cells past kv.tokens (a gap shift leaves the old tail there) would break the positions of the next
+            # rows; the single-sequence backend's decode drops them (Llama.eval), here they go at admission.
+            self.backend.remove(slot.id, len(slot.kv.tokens), -1)
             if seq.sampler is None:
                 seq.sampler = self.backend.new_sampler(seq.params)
             slot.job = job
             self._order += 1
             self._admitted[slot.id] = self._order
 
-    def _reuse(self, slot: Slot, target: list[int]) -> Reuse:
-        """Leave the longest start of ``target`` that a cache has in ``slot`` (all but its last token at most, so
-        that its logits are fresh): the slot's own cells, or a saved state when that covers more (runtime/kv.py)."""
-        limit = len(target) - 1
-        live = min(common_prefix(slot.cached, target), limit)
-        source = "kv" if live else "none"
-        if self.cache.capacity_bytes:
-            entry, saved = self.cache.best(target[:limit])
-            saved = min(saved, limit)
-            if entry is not None and saved >= live + MIN_REUSE:
-                if self.backend.load_state(slot.id, entry.state):
-                    slot.cached, live, source = list(entry.tokens), saved, "saved"
-                else:
-                    slot.cached, live, source = [], 0, "none"
-        if live < len(slot.cached):
-            if self.backend.remove(slot.id, live, -1):
-                del slot.cached[live:]
-            else:
-                self.backend.remove(slot.id, 0, -1)
-                slot.cached, live, source = [], 0, "none"
-        if live:
-            self.cache.hits += 1
-        else:
-            self.cache.misses += 1
-        return Reuse(live, source)
-
     def _preempt(self, slot: Slot) -> None:
         """Give ``slot`` up: its KV state goes to the prefix cache (when it fits the bound), the job back to the
         front of its queue with its sampler and text, to resume where it stopped."""
         job, seq = slot.job, slot.seq
         assert job is not None
-        self._save(slot)
+        slot.kv.save_prefix()  # within the prefix cache's bound; resumed by recomputing when it does not fit
         seq.preemptions += 1
         self.preemptions += 1
         slot.job = None
         self.scheduler.requeue(job)
-        log.info("preempted request %d in slot %d after %d tokens (%d cached)", job.id, slot.id, seq.out, len(slot.cached))
-
-    def _save(self, slot: Slot) -> None:
-        if self.cache.capacity_bytes and len(slot.cached) >= MIN_REUSE:
-            # Make room before copying the state out: the cache's bound holds at every moment (runtime/kv.py).
-            if self.cache.make_room(self.backend.state_size(slot.id), slot.cached):
-                self.cache.put(slot.cached, self.backend.save_state(slot.id))
+        log.info("preempted request %d in slot %d after %d tokens (%d cached)", job.id, slot.id, seq.out, len(slot.kv.tokens))
 
     def _rows(self) -> list[tuple[Slot, Row]]:
         """This step's batch: one token of every decoding slot, then prompt chunks, oldest admission first."""
@@ -170,11 +141,13 @@ class Loop:
         for slot in self.slots:
             if slot.job is None:
                 continue
-            if len(slot.cached) >= self.backend.slot_ctx:
+            cached = slot.kv.tokens
+            if len(cached) >= self.backend.slot_ctx:
                 self._shift(slot)
-            todo = len(slot.seq.tokens) - len(slot.cached)
+                cached = slot.kv.tokens
+            todo = len(slot.seq.tokens) - len(cached)
             if todo == 1:
-                work.append((slot, Row(slot.id, slot.seq.tokens[-1:], len(slot.cached), True)))
+                work.append((slot, Row(slot.id, slot.seq.tokens[-1:], len(cached), True)))
                 budget -= 1
             elif todo > 1:
                 prefill.append(slot)
@@ -183,26 +156,20 @@ class Loop:
         for slot in sorted(prefill, key=lambda s: self._admitted[s.id]):
             if budget <= 0:
                 break
-            todo = slot.seq.tokens[len(slot.cached) :]
+            start = len(slot.kv.tokens)
+            todo = slot.seq.tokens[start:]
             chunk = todo[:budget]
-            work.append((slot, Row(slot.id, chunk, len(slot.cached), len(chunk) == len(todo))))
+            work.append((slot, Row(slot.id, chunk, start, len(chunk) == len(todo))))
             budget -= len(chunk)
         return work
 
     def _shift(self, slot: Slot) -> None:
-        """The slot is full: drop half of what follows the first n_keep tokens (context shift, as runtime/kv.py)."""
-        seq = slot.seq
-        keep = min(seq.n_keep, len(slot.cached) // 2)
-        discard = (len(slot.cached) - keep) // 2
-        if self.backend.can_shift() and self.backend.remove(slot.id, keep, keep + discard):
-            self.backend.shift(slot.id, keep + discard, -1, -discard)
-            del slot.cached[keep : keep + discard]
-        else:  # recompute what is kept
-            self.backend.remove(slot.id, 0, -1)
-            slot.cached = []
-        del seq.tokens[keep : keep + discard]
-        seq.truncations.append(Truncation("shift", discard, seq.out))
-        log.info("slot %d context shift: dropped %d tokens after the first %d", slot.id, discard, keep)
+        """The slot is full: drop half of what follows the first n_keep tokens, as the single stream does."""
+        seq, kv = slot.seq, slot.kv
+        dropped = kv.shift(seq.n_keep, (len(kv.tokens) - seq.n_keep) // 2)
+        seq.tokens = kv.tokens + seq.tokens[-1:]  # what the cells hold now, then the pending token
+        seq.truncations.append(Truncation("shift", dropped, seq.out))
+        log.info("slot %d context shift: dropped %d tokens after the first %d", slot.id, dropped, seq.n_keep)
 
     def _sampled(self, slot: Slot, index: int) -> None:
         seq = slot.seq
@@ -210,7 +177,7 @@ class Loop:
             seq.prefilled = True
             self.prefilled += seq.computed
             if seq.computed > 1 and not seq.preemptions:
-                self._save(slot)  # the prompt, for later requests that share its start (runtime/kv.py save_prefix)
+                slot.kv.save_prefix()  # the prompt, for later requests that share its start
         token = self.backend.sample(seq.sampler, index)
         piece, done = seq.accept(token, self.backend)
         self.decoded += 1
@@ -257,8 +224,7 @@ class Loop:
         """After a failed step: every running request ends with ``error``; its cells are dropped."""
         for slot in self.slots:
             if slot.job is not None:
-                self.backend.remove(slot.id, 0, -1)
-                slot.cached = []
+                slot.kv.clear()
                 self._end(slot, error)
 
     def cancel_running(self, why: str) -> None:

@@ -228,3 +228,41 @@ class LlamaCppBatch:
     def sample(self, sampler: Any, index: int) -> int:
         """Sample from the logits of batch row ``index`` of the last :meth:`decode` (and record it for penalties)."""
         return int(llama_cpp.llama_sampler_sample(sampler.sampler, self._ctx.ctx, index))
+
+
+class SequenceView:
+    """One sequence of a :class:`LlamaCppBatch` with the single-sequence KV primitives of
+    :class:`~runtime.backends.base.LLMBackend` (n_ctx, decode, remove, shift, state), so that
+    :class:`runtime.kv.KVSequence` keeps each slot's cache (reuse, saved prefixes, context shift) as it keeps the
+    single stream's. The engine decodes its steps through :meth:`LlamaCppBatch.decode`, several sequences at once;
+    :meth:`decode` here (one sequence alone) serves only KVSequence's recompute fallback."""
+
+    def __init__(self, batch: LlamaCppBatch, seq: int) -> None:
+        self.batch, self.seq = batch, seq
+        self.n_ctx = batch.slot_ctx
+
+    def decode(self, tokens: Sequence[int], start: int) -> None:
+        step = self.batch.n_batch
+        for i in range(0, len(tokens), step):
+            self.batch.decode([Row(self.seq, tokens[i : i + step], start + i, False)])
+
+    def remove(self, start: int, end: int = -1) -> bool:
+        return self.batch.remove(self.seq, start, end)
+
+    def shift(self, start: int, end: int, delta: int) -> None:
+        self.batch.shift(self.seq, start, end, delta)
+
+    def can_shift(self) -> bool:
+        return self.batch.can_shift()
+
+    def clear(self) -> None:
+        self.batch.remove(self.seq, 0, -1)
+
+    def state_size(self) -> int:
+        return self.batch.state_size(self.seq)
+
+    def save_state(self) -> Any:
+        return self.batch.save_state(self.seq)
+
+    def load_state(self, data: Any) -> bool:
+        return self.batch.load_state(self.seq, data)

@@ -327,3 +327,18 @@ def test_a_reader_that_goes_away_cancels_within_a_step(manual) -> None:
     eng.step()
     assert other.job.id not in eng.slots() and other.finished
     _drain(eng)
+
+
+def test_a_chat_that_dropped_turns_reuses_the_cells_after_the_gap(manual) -> None:
+    eng = manual
+    words = lambda text: eng.backend.tokenize(text, add_bos=False, special=False)  # noqa: E731
+    head = eng.tokenize(SYSTEM)
+    old_turn = words(" Which press is the loudest one on the floor today, and why is it so loud?")
+    kept = words(" The belt on line two has been slowing down since the morning shift began; what should I check first?")
+    first = eng.submit(GenRequest(head + old_turn + kept, eng.params(temperature=0.0, max_tokens=4)))
+    _drain(eng)
+    first.result(timeout=1)
+    second = eng.submit(GenRequest(head + kept + words(" Answer briefly."), eng.params(temperature=0.0, max_tokens=4)))
+    _drain(eng)
+    result = second.result(timeout=1)
+    assert result.reuse_source == "kv+shift" and result.reused_tokens >= len(head) + len(kept) - 1
