@@ -101,6 +101,7 @@ def main(args: argparse.Namespace) -> int:
     from apps.server.state import ServerState
 
     state = ServerState(cfg, keys)
+    state.prepare()  # every model resolved and planned: a bad one is one line now, before the port is taken
     sock = listen(cfg.host, cfg.port)
     host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host

@@ -21,6 +21,11 @@
     pinned = true                 # never evicted
     keep_alive = 300              # seconds idle before unloading; -1 forever, 0 at once
 
+    [[models]]
+    name = "chat-next"            # another version, tried on a fraction of "chat"'s traffic
+    ref = "smollm2-135m-instruct@q4_1-0.1.2"
+    options = { slots = 2 }       # llm: slots, ctx, threads; vision: batch, threads; audio: threads
+
     [[canary]]                    # a fraction of "chat" goes to the model entry "chat-next"
     model = "chat"
     canary = "chat-next"
@@ -29,7 +34,7 @@
     [filters]
     max_chars = 32000
     blocklist = ["some phrase"]
-    regex = ["\\bpassword\\s*="]
+    regex = ['\\bpassword\\s*=']   # TOML literal strings: backslashes as they are
 
 Every key is checked: an unknown one or a wrong type is one line naming the key and what is valid.
 """

@@ -11,12 +11,17 @@ import logging
 from typing import Any
 
 from apps.server.config import ModelEntry, ServeConfig
+from apps.server.openai_api import NotReady
 from runtime.errors import BadInput
 from runtime.residency import ModelSpec, ResidencyManager
 
 log = logging.getLogger(__name__)
 OPTIONS = {"llm": ("slots", "ctx", "threads"), "vision": ("batch", "threads"), "audio": ("threads",)}  # serve.toml's
 LEASE_WAIT_S = 30.0  # how long a request waits for leased models in its way to be released before DoesNotFit
+
+
+class Unavailable(NotReady):
+    """A configured model that cannot be served (HTTP 503)."""
 
 
 def kind_of(entry: ModelEntry) -> str:
@@ -48,6 +53,7 @@ class Models:
         self.config = config
         self.manager = manager if manager is not None else ResidencyManager(config.memory or default_budget())
         self.kinds: dict[str, str] = {}
+        self.unavailable: dict[str, str] = {}  # name -> why it could not be planned (a rolled-back canary)
 
     def add(self, entry: ModelEntry) -> None:
         kind = kind_of(entry)
@@ -57,11 +63,13 @@ class Models:
     def load_pinned(self) -> None:
         """Load the pinned models and the default one now, so the first request does not wait for them."""
         for entry in self.config.models:
-            if entry.pinned or entry.name == self.config.default_model:
+            if (entry.pinned or entry.name == self.config.default_model) and entry.name not in self.unavailable:
                 with self.acquire(entry.name):
                     pass
 
     def acquire(self, name: str) -> contextlib.AbstractContextManager[Any]:
+        if name in self.unavailable:
+            raise Unavailable(f"model {name!r} could not be planned: {self.unavailable[name]}")
         return self.manager.acquire(name, wait_s=LEASE_WAIT_S)
 
     def resident(self) -> list[dict[str, Any]]:

@@ -45,16 +45,33 @@ class ServerState:
                                                margin_p95=r.margin_p95, min_requests=r.min_requests)
                          for r in config.canary}
         self.ready = threading.Event()
+        self._prepared = False
         self.failed: str | None = None  # why start-up failed (readyz says it)
         self._services: dict[int, tuple[Any, Any, str]] = {}  # id(loaded model) -> (model, its service, its name)
         self._batchers: dict[str, tuple[Any, Any]] = {}  # name -> (loaded classifier, its DynamicBatcher)
         self._lock = threading.Lock()
 
-    def start(self) -> None:
-        """Learn each model's kind and load them (pinned and default first): ready when that is done."""
-        try:
-            for entry in self.config.models:
+    def prepare(self) -> None:
+        """Resolve and plan every configured model (nothing is loaded): a bad ref or a model that cannot fit is
+        one line here, before the server listens. A canary that cannot be planned is rolled back instead, and
+        its stable version serves."""
+        if self._prepared:
+            return
+        canaries = {router.canary: router for router in self.canaries.values()}
+        for entry in self.config.models:
+            try:
                 self.models.add(entry)
+            except EdgerunError as exc:
+                if entry.name not in canaries:
+                    raise
+                self.models.unavailable[entry.name] = one_line(exc)
+                canaries[entry.name].rollback(f"{entry.name} could not be planned: {one_line(exc)}")
+        self._prepared = True
+
+    def start(self) -> None:
+        """:meth:`prepare`, then load the pinned models and the default one: ready when that is done."""
+        try:
+            self.prepare()
             self.models.load_pinned()
         except EdgerunError as exc:
             self.failed = one_line(exc)

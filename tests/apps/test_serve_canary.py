@@ -47,9 +47,11 @@ def server(smollm, shared_home: Path) -> Iterator[LiveServer]:
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("EDGERUN_HOME", str(shared_home))
         entries = [ModelEntry(name, "default", options=OPTS) for name in ("chat", "chat-next", "calm")]
+        entries.append(ModelEntry("gone", str(shared_home / "no-such-model.gguf")))  # cannot even be planned
         cfg = ServeConfig(models=entries, limits=Limits(result_cache=0),
                           canary=[CanaryRoute("chat", "chat-next", 0.5, min_requests=3),
-                                  CanaryRoute("calm", "chat", 0.0, min_requests=3)])
+                                  CanaryRoute("calm", "chat", 0.0, min_requests=3),
+                                  CanaryRoute("chat-next", "gone", 1.0)])
         loaders = {**default_loaders(), "llm": _BrokenNext()}
         from runtime.plan import default_budget
 
@@ -101,3 +103,10 @@ def _versions(server: LiveServer, model: str) -> dict[str, float]:
             version = line.split('version="', 1)[1].split('"', 1)[0]
             out[version] = out.get(version, 0) + float(line.rsplit(" ", 1)[1])
     return out
+
+
+def test_a_canary_that_cannot_be_planned_is_rolled_back_at_start(server: LiveServer) -> None:
+    state = json.loads(server.request("GET", "/admin/canary")[2])["chat-next"]
+    assert state["state"] == "rolled_back" and "no-such-model.gguf" in state["reason"]
+    status, _, body = _ask(server, "gone")
+    assert status == 503 and "could not be planned" in json.loads(body)["error"]["message"]

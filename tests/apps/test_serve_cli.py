@@ -69,3 +69,12 @@ def test_model_arguments(text: str, name: str, ref: str) -> None:
 def test_bad_model_names_are_refused(text: str) -> None:
     with pytest.raises(BadInput, match="model name"):
         model_entry(text)
+
+
+@pytest.mark.parametrize("model, why", [("no-such-model", "unknown model"), ("./nothing.gguf", "no such file")])
+def test_a_bad_model_is_one_line_before_listening(model: str, why: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from apps.cli import main as edgerun
+
+    assert edgerun(["serve", model, "--port", "0"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and why in err and "serving" not in err

@@ -204,3 +204,16 @@ def test_admin_endpoints_need_an_admin_key(keyed: LiveServer) -> None:
 def test_unknown_route_is_json_404(keyed: LiveServer) -> None:
     status, _, body = keyed.request("GET", "/v1/nothing-here")
     assert status == 404 and json.loads(body)["error"]["code"] == "not_found"
+
+
+def test_the_documented_serve_toml_parses() -> None:
+    import tomllib
+
+    import apps.server.config as config
+
+    doc = config.__doc__
+    text = "\n".join(line[4:] for line in doc.split("\n\n", 1)[1].split("\n\nEvery key")[0].splitlines())
+    cfg = config.parse_config(tomllib.loads(text))
+    assert [m.name for m in cfg.models] == ["chat", "chat-next"] and cfg.default_model == "chat"
+    assert cfg.models[0].pinned and cfg.models[1].options == {"slots": 2} and cfg.limits.result_cache == 16 << 20
+    assert cfg.canary[0].fraction == 0.1 and cfg.filters.regex == (r"\bpassword\s*=",) and cfg.memory == 1 << 30
