@@ -119,7 +119,7 @@ async def _attempt(request: Request, state: Any, chat: bool, args: api.GenArgs, 
 
 def _is_fault(exc: BaseException) -> bool:
     """The model's failure, not the request's: a backend error or a bug (not a deadline, a cancel or a refusal)."""
-    return not isinstance(exc, EdgerunError) or isinstance(exc, BackendError)
+    return isinstance(exc, Exception) and (not isinstance(exc, EdgerunError) or isinstance(exc, BackendError))
 
 
 def _cache_key(state: Any, request: Request, outcome: Outcome, chat: bool, args: api.GenArgs, params: Any,
