@@ -201,3 +201,68 @@ def test_not_a_database_is_one_line(tmp_path):
     with pytest.raises(BadInput, match="cannot be read"):
         export_csv(db, 0, tmp_path / "out.csv")
     assert not (tmp_path / "out.csv").exists()  # no half-written report
+
+
+@pytest.fixture
+def trail(tmp_path):
+    db = tmp_path / "audit.db"
+    with AuditTrail(db) as audit:
+        for i in range(6):
+            audit.record(decision(i, Verdict.REJECT if i % 3 == 0 else Verdict.PASS), picture(i), at=T0 + 3600 * i)
+    return db
+
+
+def test_report_command_writes_the_csv(trail, tmp_path, capsys):
+    from apps.cli import main
+
+    out = tmp_path / "parts.csv"
+    assert main(["kiosk", "report", "--since", "2026-12-01T10:00Z", "--db", str(trail), "--out", str(out)]) == 0
+    got = list(csv.DictReader(out.open()))
+    assert [(r["seq"], r["verdict"]) for r in got] == [("2", "pass"), ("3", "reject"), ("4", "pass"), ("5", "pass")]
+    assert "4 parts since 2026-12-01T10:00:00+00:00 to" in capsys.readouterr().err
+    assert main(["kiosk", "report", "--since", "2026-12-01T12:30+01:00", "--db", str(trail)]) == 0  # 11:30 UTC
+    assert [line.split(",")[1] for line in capsys.readouterr().out.splitlines()[1:]] == ["4", "5"]
+
+
+def test_naive_since_is_local_time(monkeypatch):
+    from apps.kiosk.report_cmd import since_time
+
+    monkeypatch.setenv("TZ", "CET-1")  # POSIX TZ: one hour east of UTC, no tz database needed
+    time.tzset()
+    try:
+        assert since_time("2026-12-01T09:00") == datetime(2026, 12, 1, 8, 0, tzinfo=timezone.utc)
+        assert since_time("2026-12-01") == datetime(2026, 11, 30, 23, 0, tzinfo=timezone.utc)
+    finally:
+        monkeypatch.undo()
+        time.tzset()
+    ago = datetime.now(timezone.utc) - since_time("24h")
+    assert abs(ago.total_seconds() - 86400) < 5
+
+
+@pytest.mark.parametrize(
+    "since, message",
+    [
+        ("2026-13-01", "is not a time"),  # month 13
+        ("yesterday", "is not a time"),
+        ("12345678d", "is not a time"),  # an age of more than 7 digits is not parsed at all
+        ("4000d", "more than 3650 days"),
+        ("1969-12-31", "before 1970"),
+        ("9999-01-01T00:00Z", "in the future"),
+        ("2026-12-01T00:00" + " " * 30 + "x", "too long"),
+    ],
+)
+def test_report_refuses_a_bad_since_in_one_line(trail, capsys, since, message):
+    from apps.cli import main
+
+    assert main(["kiosk", "report", "--since", since, "--db", str(trail)]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+
+
+def test_report_without_a_database_is_one_line(tmp_path, capsys):
+    from apps.cli import main
+
+    assert main(["kiosk", "report", "--since", "24h", "--db", str(tmp_path / "none.db")]) == 2
+    err = capsys.readouterr().err
+    assert "does not exist" in err and err.count("\n") == 1
+    assert not (tmp_path / "none.db").exists()  # a report never creates a database
