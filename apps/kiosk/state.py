@@ -13,6 +13,7 @@ latencies are milliseconds.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import math
 import threading
@@ -25,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from apps.kiosk import overlay
-from apps.kiosk.types import Decision, Verdict
+from apps.kiosk.types import STAGES, Decision, Verdict
 from runtime.errors import BadInput
 
 log = logging.getLogger(__name__)
@@ -33,6 +34,7 @@ log = logging.getLogger(__name__)
 MAX_REASONS = 16  # distinct fail-safe reasons counted by name; more are counted as "other"
 REASON_CHARS = 48  # a reason's key: its text up to the first ":" (the detail after it varies per part)
 TEMPERATURE_EVERY_S = 5.0  # a thermal zone read costs a few syscalls: at most once per this many seconds
+SATURATED = "saturated"  # the pipeline's fail-safe reason key for a part the full box could not take
 RECENT_FRAMES = 8  # frames kept so the page can fetch the frame of the decision it shows, not a newer one
 
 
@@ -233,11 +235,15 @@ class KioskState:
 
     # --- writers (the kiosk app's threads) ---------------------------------------------------------------------
 
-    def on_decision(self, decision: Decision, image: np.ndarray | None = None, *, saturated: bool = False) -> None:
+    def on_decision(self, decision: Decision, image: np.ndarray | None = None, *,
+                    saturated: bool | None = None) -> None:
         """Count one decision. ``image`` is the part's frame (HxWx3 uint8 RGB) when there is one: it becomes the
         live frame and, for a reject, a gallery picture (with ``decision.heatmap`` blended in). ``saturated``:
-        this part was decided by the fail-safe because the box was full."""
+        this part was decided by the fail-safe because the box was full (default: its reason says so, as the
+        pipeline's ``"saturated: ..."`` does)."""
         verdict = Verdict(decision.verdict)
+        if saturated is None:
+            saturated = bool(decision.failsafe) and reason_key(decision.reason) == SATURATED
         now, wall = self._clock(), self._wall()
         with self._lock:
             self._roll(now, wall)
@@ -267,20 +273,24 @@ class KioskState:
         self._publish({"kind": "decision", "seq": decision.seq, "verdict": verdict.value})
 
     def set_pipeline(self, stats: Mapping[str, Any]) -> None:
-        """The pipeline's ``stats()``. A rise of its ``saturated`` count turns "saturated" on for
-        ``saturation_hold_s``."""
+        """The pipeline's ``stats()``. Its ``saturated`` flag, or a rise of its ``saturation`` count (parts the
+        full box decided by the fail-safe), turns "saturated" on for ``saturation_hold_s``."""
         stats = _jsonable(stats)
         with self._lock:
-            before = (self._pipeline or {}).get("saturated")
-            after = stats.get("saturated")
-            if isinstance(after, (int, float)) and after > (before if isinstance(before, (int, float)) else 0):
+            before = (self._pipeline or {}).get("saturation")
+            after = stats.get("saturation")
+            rose = isinstance(after, (int, float)) and after > (before if isinstance(before, (int, float)) else 0)
+            if stats.get("saturated") is True or rose:
                 self._saturated_at = self._clock()
             self._pipeline = stats
             self.changes += 1
         self._publish({"kind": "pipeline"})
 
-    def set_plc(self, state: Mapping[str, Any] | None) -> None:
-        """The PLC link's ``state()`` (connected, backlog, last ack...), None when the kiosk has no PLC."""
+    def set_plc(self, state: Any) -> None:
+        """The PLC link's ``state()`` (apps.kiosk.plc.PlcState or a dict: connected, backlog, last_acked_part...),
+        None when the kiosk has no PLC."""
+        if state is not None and not isinstance(state, Mapping):
+            state = state.to_dict() if hasattr(state, "to_dict") else dataclasses.asdict(state)
         self._set("_plc", None if state is None else _jsonable(state), "plc")
 
     def set_source(self, health: Mapping[str, Any] | None) -> None:
@@ -367,7 +377,8 @@ class KioskState:
             parts = sum(counts.values())
             window = min(self.rate_window_s, max(now - self._t0, 1.0))  # a young kiosk: over its true age
             totals = np.asarray([lat["total"] for lat in self._latency], dtype=np.float64)
-            stages = sorted({k for lat in self._latency for k in lat if k != "total"})
+            seen = {k for lat in self._latency for k in lat if k != "total"}
+            stages = [k for k in STAGES if k in seen] + sorted(seen - set(STAGES))  # pipeline order
             per_stage = {}
             for stage in stages:
                 values = np.asarray([lat[stage] for lat in self._latency if stage in lat], dtype=np.float64)

@@ -31,15 +31,20 @@
     else {
       const extra = [];
       if (plc.backlog !== undefined) extra.push(`backlog ${plc.backlog}`);
-      if (plc.last_ack !== undefined && plc.last_ack !== null) extra.push(`last ack ${plc.last_ack}`);
+      if (plc.last_acked_part !== undefined && plc.last_acked_part !== null) extra.push(`last ack #${plc.last_acked_part}`);
+      if (plc.waiting_s > 0) extra.push(`oldest waiting ${num(plc.waiting_s)} s`);
       const up = plc.connected === true;
       setState("plc", up ? "ok" : "down", [up ? "connected" : "disconnected", ...extra].join(" · "));
     }
     const src = s.source;
     if (!src) setState("source", "none", "—");
     else {
-      const ok = src.ok ?? src.healthy ?? src.open ?? true;
-      setState("source", ok ? "ok" : "down", describe(src) || (ok ? "ok" : "down"));
+      // a source's health(): state "running" when frames come; a camera "reconnecting" while its watchdog reopens it
+      const parts = [src.state ?? "?"];
+      if (src.restarts) parts.push(`restarts ${src.restarts}`);
+      if (src.errors) parts.push(`errors ${src.errors}`);
+      if (src.last_frame_age_s > 1) parts.push(`last frame ${num(src.last_frame_age_s)} s ago`);
+      setState("source", src.state === "running" ? "ok" : "down", parts.join(" · "));
     }
     show("temperature", s.temperature_c === null ? "no sensor" : `${num(s.temperature_c)} °C`);
     setState("saturation", s.saturated ? "saturated" : "ok", s.saturated ? "SATURATED" : "not saturated");
@@ -56,11 +61,24 @@
     show("p50", num(s.latency_ms.p50));
     show("p99", num(s.latency_ms.p99));
     show("lat-n", s.latency_ms.n);
+    const rows = Object.entries(s.latency_ms.stages).map(([stage, q]) => {
+      const tr = document.createElement("tr");
+      for (const cell of [stage, num(q.p50), num(q.p99)]) {
+        const td = document.createElement("td");
+        td.textContent = cell;
+        tr.append(td);
+      }
+      return tr;
+    });
+    $("stages").replaceChildren(...rows);
     show("failsafe-count", c.failsafe);
     const reasons = Object.entries(s.failsafe_reasons).map(([k, n]) => `${k} ${n}`).join(" · ");
     show("failsafe-reasons", reasons || "none");
     show("saturated-count", c.saturated);
-    show("pipeline", describe(s.pipeline) || "—");
+    const p = s.pipeline;
+    show("pipeline", !p ? "—" : p.queued !== undefined
+      ? [`queue ${p.queued}/${p.max_queue ?? "?"}`, p.late ? `late ${p.late}` : ""].filter(Boolean).join(" · ")
+      : describe(p) || "—");
   }
 
   function loadFrame() {
@@ -96,23 +114,26 @@
     return el;
   }
 
-  const W = 600, H = 160, LEFT = 34, BOTTOM = 16, TOP = 6;
+  const W = 600, H = 160, LEFT = 34, BOTTOM = 16, TOP = 6, MIN_SLOTS = 30; // a young history does not stretch
 
   function axes(el, buckets, top) {
     el.append(svg("text", { x: 2, y: TOP + 10 }, num(top, top < 10 ? 1 : 0)), svg("text", { x: 2, y: H - BOTTOM }, "0"));
-    if (buckets.length) {
-      el.append(svg("text", { x: LEFT, y: H - 3 }, clock(buckets[0].t)));
-      el.append(svg("text", { x: W - 2, y: H - 3, "text-anchor": "end" }, clock(buckets[buckets.length - 1].t)));
-    }
+    if (!buckets.length) return;
+    const slots = Math.max(buckets.length, MIN_SLOTS);
+    const firstX = LEFT + ((slots - buckets.length) * (W - LEFT)) / slots;
+    if (firstX < W - 120) el.append(svg("text", { x: firstX, y: H - 3 }, clock(buckets[0].t))); // room for both
+    el.append(svg("text", { x: W - 2, y: H - 3, "text-anchor": "end" }, clock(buckets[buckets.length - 1].t)));
   }
 
   function partsChart(buckets) {
     const el = $("chart-parts");
     el.replaceChildren();
     const top = Math.max(1, ...buckets.map((b) => b.parts));
-    const step = (W - LEFT) / Math.max(buckets.length, 1);
+    const slots = Math.max(buckets.length, MIN_SLOTS), step = (W - LEFT) / slots;
+    const first = slots - buckets.length; // newest at the right edge
     const scale = (H - BOTTOM - TOP) / top;
-    buckets.forEach((b, i) => {
+    buckets.forEach((b, j) => {
+      const i = first + j;
       let y = H - BOTTOM;
       for (const v of ["pass", "review", "reject"]) {
         const h = b[v] * scale;
@@ -130,13 +151,19 @@
     const el = $("chart-latency");
     el.replaceChildren();
     const top = Math.max(1, ...buckets.map((b) => b.p99 || 0));
-    const step = (W - LEFT) / Math.max(buckets.length - 1, 1);
+    const slots = Math.max(buckets.length, MIN_SLOTS), step = (W - LEFT) / slots;
+    const first = slots - buckets.length;
     for (const q of ["p50", "p99"]) {
       let d = "", pen = "M";
-      buckets.forEach((b, i) => {
+      buckets.forEach((b, j) => {
         if (b[q] === null) { pen = "M"; return; }
-        d += `${pen}${(LEFT + i * step).toFixed(1)},${(H - BOTTOM - (b[q] / top) * (H - BOTTOM - TOP)).toFixed(1)} `;
+        const x = (LEFT + (first + j + 0.5) * step).toFixed(1);
+        const y = (H - BOTTOM - (b[q] / top) * (H - BOTTOM - TOP)).toFixed(1);
+        d += `${pen}${x},${y} `;
         pen = "L";
+        const dot = svg("circle", { cx: x, cy: y, r: 2.5, class: `dot-${q}` }); // a lone bucket is still seen
+        dot.append(svg("title", {}, `${clock(b.t)}: ${q} ${num(b[q])} ms`));
+        el.append(dot);
       });
       if (d) el.append(svg("path", { d, class: `line-${q}` }));
     }

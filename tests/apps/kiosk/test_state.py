@@ -157,17 +157,34 @@ def test_frame_picture_is_the_asked_part_while_it_is_recent(state: KioskState) -
 
 
 def test_saturation_turns_on_and_off(state: KioskState, clock: Clock) -> None:
-    state.set_pipeline({"decided": 10, "saturated": 0})
+    # the pipeline's stats: "saturation" counts parts the full box decided by the fail-safe, "saturated" is its flag
+    state.set_pipeline({"decided": 10, "saturation": 0, "saturated": False})
     assert state.snapshot()["saturated"] is False
-    state.set_pipeline({"decided": 20, "saturated": 3})
+    state.set_pipeline({"decided": 20, "saturation": 3, "saturated": False})  # the count rose between two reads
     assert state.snapshot()["saturated"] is True
     clock.t += state.saturation_hold_s + 0.1
-    state.set_pipeline({"decided": 30, "saturated": 3})  # no new saturated part
+    state.set_pipeline({"decided": 30, "saturation": 3, "saturated": False})  # no new saturated part
     assert state.snapshot()["saturated"] is False
-    state.on_decision(decision(0, Verdict.REJECT, failsafe=True, reason="saturated"), saturated=True)
+    state.set_pipeline({"decided": 31, "saturation": 3, "saturated": True})  # the queue is full right now
+    assert state.snapshot()["saturated"] is True
+    clock.t += state.saturation_hold_s + 0.1
+    assert state.snapshot()["saturated"] is False
+    state.on_decision(decision(0, Verdict.REJECT, failsafe=True, reason="saturated: queue full (32 parts)"))
+    state.on_decision(decision(1, Verdict.REJECT, failsafe=True, reason="deadline: no decision in 150 ms"))
+    state.on_decision(decision(2, Verdict.REJECT, reason="saturated: a class name"))  # a model verdict: not counted
     snap = state.snapshot()
     assert snap["saturated"] is True and snap["counts"]["saturated"] == 1
-    assert snap["pipeline"] == {"decided": 30, "saturated": 3}
+    assert snap["pipeline"] == {"decided": 31, "saturation": 3, "saturated": True}
+
+
+def test_plc_state_object_is_shown_as_its_fields(state: KioskState) -> None:
+    from apps.kiosk.plc import PlcState
+
+    state.set_plc(PlcState("frames", "/dev/pts/3", False, 4, 1.5, 10, 12, 14))
+    plc = state.snapshot()["plc"]
+    assert plc["connected"] is False and plc["backlog"] == 4 and plc["last_acked_part"] == 12
+    state.set_plc(None)
+    assert state.snapshot()["plc"] is None
 
 
 def test_snapshot_is_json_for_whatever_the_app_hands_in(state: KioskState) -> None:
