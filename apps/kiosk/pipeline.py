@@ -17,7 +17,6 @@ decision made).
 from __future__ import annotations
 
 import dataclasses
-import heapq
 import itertools
 import logging
 import math
@@ -34,6 +33,7 @@ import numpy as np
 
 from apps.kiosk.adapters import adapter_for, check_image, identity
 from apps.kiosk.canary import Canary
+from apps.kiosk.deadlines import DeadlineTimer
 from apps.kiosk.policy import Policy, Ruling
 from apps.kiosk.types import STAGES, Decision, Part, Verdict
 from runtime.batcher import DynamicBatcher
@@ -104,15 +104,12 @@ class Pipeline:
         self._canary: Canary | None = None
         self._last_canary: dict[str, Any] | None = None
         self._selected = itertools.count()
-        self._heap: list[tuple[float, int, _Ticket]] = []
-        self._heap_cond = threading.Condition()
         self._out: queue.SimpleQueue[Decision | None] = queue.SimpleQueue()
         self._delivered = threading.Condition()
         self._batcher = DynamicBatcher(self._run, max_batch=max_batch, max_wait_ms=max_wait_ms, max_queued=max_queue,
                                        name=f"kiosk-{model_name}")
-        self._timer = threading.Thread(target=self._deadlines, name="edgerun-kiosk-deadlines", daemon=True)
+        self._timer = DeadlineTimer(self._due, lambda t: t.decided, name="kiosk-deadlines")
         self._emitter = threading.Thread(target=self._emit_loop, name="edgerun-kiosk-out", daemon=True)
-        self._timer.start()
         self._emitter.start()
 
     # -- parts --------------------------------------------------------------------------------------------------------
@@ -148,9 +145,7 @@ class Pipeline:
             self._fail(ticket, "shutdown", "the pipeline is closing")
             return ticket.out
         ticket.job = job
-        with self._heap_cond:
-            heapq.heappush(self._heap, (ticket.deadline, id(ticket), ticket))
-            self._heap_cond.notify()
+        self._timer.add(ticket.deadline, ticket)
         job.add_done_callback(lambda f: self._settle(ticket, f))
         return ticket.out
 
@@ -278,23 +273,9 @@ class Pipeline:
             ticket.job.cancel()  # out of the queue if it is still there
         return True
 
-    # -- the deadline timer and the output thread ---------------------------------------------------------------------
-    def _deadlines(self) -> None:
-        while True:
-            due = []
-            with self._heap_cond:
-                while not due:
-                    if self._heap is None:
-                        return
-                    now = time.monotonic()
-                    while self._heap and (self._heap[0][0] <= now or self._heap[0][2].decided):
-                        _, _, ticket = heapq.heappop(self._heap)
-                        if not ticket.decided:
-                            due.append(ticket)
-                    if not due:
-                        self._heap_cond.wait(self._heap[0][0] - now if self._heap else None)
-            for ticket in due:
-                self._fail(ticket, "deadline", f"no decision within {self.deadline_s * 1000:g} ms")
+    # -- the output thread ---------------------------------------------------------------------
+    def _due(self, ticket: _Ticket) -> None:
+        self._fail(ticket, "deadline", f"no decision within {self.deadline_s * 1000:g} ms")
 
     def _emit_loop(self) -> None:
         while (decision := self._out.get()) is not None:
@@ -446,13 +427,10 @@ class Pipeline:
             for ticket in left:  # a batch that outlived the timeout: its parts are not left without a decision
                 self._fail(ticket, "shutdown", "the pipeline closed before the part was decided")
             self._end_canary("closed")
-            with self._heap_cond:
-                self._heap = None  # type: ignore[assignment]
-                self._heap_cond.notify_all()
+            self._timer.close(timeout)
             with self._lock:
                 self._out_closed = True
                 self._out.put(None)
-        self._timer.join(timeout)
         self._emitter.join(timeout)
 
     def __enter__(self) -> Pipeline:

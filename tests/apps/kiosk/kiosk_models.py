@@ -26,7 +26,7 @@ V1 = np.eye(3, dtype=np.float32) * GAIN
 V2 = np.eye(3, dtype=np.float32)[[1, 0, 2]] * GAIN  # red -> scratch, green -> good
 
 
-def kiosk_bundle(directory: Path, version: str, w: np.ndarray = V1, size: int = 16) -> Path:
+def kiosk_bundle(directory: Path, version: str, w: np.ndarray = V1, size: int = 16, labels: tuple[str, ...] = LABELS) -> Path:
     """A vision bundle (ORT, NCHW, stretch resize to ``size``) around the channel-mean model with weights ``w``."""
     from onnx import helper
 
@@ -36,10 +36,10 @@ def kiosk_bundle(directory: Path, version: str, w: np.ndarray = V1, size: int = 
     nodes = [helper.make_node("GlobalAveragePool", ["x"], ["pooled"]), helper.make_node("Flatten", ["pooled"], ["means"]),
              helper.make_node("MatMul", ["means", "w"], ["y"])]
     model = onnx_model(directory / "model.onnx", nodes, ["N", 3, size, size], ["N", 3], {"w": w.T.copy()})
-    labels = directory / "labels.txt"
-    labels.write_text("".join(f"{name}\n" for name in LABELS))
+    names = directory / "labels.txt"
+    names.write_text("".join(f"{name}\n" for name in labels))
     files = [{"path": f.name, "sha256": sha256_file(f)[0], "size": f.stat().st_size, "role": role}
-             for f, role in ((model, "weights"), (labels, "labels"))]
+             for f, role in ((model, "weights"), (names, "labels"))]
     manifest = {"format": "edgerun.bundle", "schema_version": 1, "kind": "vision", "backend": "ort", "model_format": "onnx",
                 "name": "parts", "version": version, "files": files,
                 "vision": {"size": size, "layout": "nchw", "resize": "stretch", "labels": "labels.txt", "output_is_logits": True}}

@@ -237,13 +237,12 @@ def test_rollback_returns_to_the_previous_version(bundles: dict[str, Path]) -> N
 
 
 def test_a_swap_to_a_version_that_does_not_fit_the_policy_keeps_the_old_one(bundles: dict[str, Path], tmp_path: Path) -> None:
-    other = kiosk_bundle(tmp_path / "v3", "3")
-    labels = other / "labels.txt"
-    labels.write_text("ok\nscratch\nspot\n")  # "good" is gone; the manifest's hash no longer matches either
+    other = kiosk_bundle(tmp_path / "v3", "3", labels=("ok", "scratch", "spot"))  # the policy's "good" is gone
     line = Line(bundles["1"], deadline_ms=2000)
     try:
-        with pytest.raises(BadInput):
+        with pytest.raises(BadInput, match="policy names class 'good' that model parts does not have"):
             line.pipeline.swap(str(other))
+        assert line.residency.specs()[0].ref == str(bundles["1"])
         line.pipeline.submit(part(0))
         got = exactly_once(line, 1)
     finally:
