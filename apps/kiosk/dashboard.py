@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import hmac
+import ipaddress
 import logging
 import threading
 import time
@@ -39,7 +40,6 @@ MIN_TOKEN_CHARS = 16  # shorter is guessable over a LAN
 COOKIE = "kiosk_token"
 MAX_EVENTS_PER_S = 10  # snapshots per browser: more is invisible to a person and costs the box CPU
 PING_S = 15.0  # an SSE comment this often on a quiet line, so a dead browser's stream ends
-LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
 HEADERS = {
     "Content-Security-Policy": "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
                                "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'",
@@ -83,6 +83,16 @@ def _host_name(header: str) -> str:
     return header.rpartition(":")[0] if header.count(":") == 1 else header
 
 
+def _loopback_name(name: str) -> bool:
+    """``localhost`` or a loopback address literal; never a DNS name, however it starts ("127.evil.example")."""
+    if name == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
+
+
 class _Guard:
     """Who may read the dashboard: with a token, whoever presents it; without one, only loopback requests."""
 
@@ -99,7 +109,7 @@ class _Guard:
         """None when the request may go on, else the response that refuses it."""
         if self.digest is None:
             name = _host_name(request.headers.get("host", "")).lower()
-            if name in LOOPBACK_NAMES or name.startswith("127."):
+            if _loopback_name(name):
                 return None
             return PlainTextResponse(f"the dashboard answers only loopback names without a token, not {name!r}\n",
                                      status_code=403, headers=HEADERS)

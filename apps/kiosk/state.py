@@ -69,35 +69,56 @@ def _jsonable(value: Any) -> Any:
     return str(getattr(value, "value", value))
 
 
+def _latency_summary(window: list[dict[str, float]]) -> dict[str, Any]:
+    """p50/p99 of the total and of each stage (in pipeline order) over a window of ``latency_ms`` dicts."""
+    totals = np.asarray([lat["total"] for lat in window], dtype=np.float64)
+    seen = {k for lat in window for k in lat if k != "total"}
+    stages = {}
+    for stage in [k for k in STAGES if k in seen] + sorted(seen - set(STAGES)):
+        values = np.asarray([lat[stage] for lat in window if stage in lat], dtype=np.float64)
+        stages[stage] = {"p50": _percentile(values, 50), "p99": _percentile(values, 99)}
+    return {"n": int(totals.size), "p50": _percentile(totals, 50), "p99": _percentile(totals, 99), "stages": stages}
+
+
 def reason_key(reason: str) -> str:
     """The name a fail-safe reason is counted under: its text before the first ':' ("deadline: 153 ms" ->
     "deadline"), so per-part details do not make every reason distinct."""
     return (reason.split(":", 1)[0].strip() or "unknown")[:REASON_CHARS]
 
 
-@dataclass
+def _for_display(image: np.ndarray | None) -> np.ndarray | None:
+    """``image``, or a copy of every k-th pixel when it is larger than the page shows: a kept 1080p frame would
+    cost 6 MB a reject; this costs a strided copy of a tenth of it."""
+    if image is None or max(image.shape[:2]) <= overlay.MAX_SIDE:
+        return image
+    k = math.ceil(max(image.shape[:2]) / overlay.MAX_SIDE)
+    return np.ascontiguousarray(image[::k, ::k])
+
+
 class _Shown:
-    """A decided part whose picture may be asked for: the arrays until the picture is first encoded."""
+    """A decided part whose picture may be asked for: its arrays until the picture is first encoded, then only
+    the JPEG."""
 
-    n: int  # the gallery's own number, never reused (the reject picture's URL)
-    decision: Decision
-    image: np.ndarray | None
-    t_wall: float
-    picture: bytes | None = None
+    def __init__(self, n: int, decision: Decision, image: np.ndarray | None, t_wall: float) -> None:
+        self.seq = decision.seq
+        self.image, self.heatmap = _for_display(image), decision.heatmap
+        self.picture: bytes | None = None
+        self.info = {"n": n, "seq": decision.seq, "frame_id": decision.frame_id,
+                     "verdict": Verdict(decision.verdict).value, "reason": decision.reason,
+                     "score": _jsonable(decision.score), "confidence": _jsonable(decision.confidence),
+                     "failsafe": bool(decision.failsafe), "label": decision.label, "t": round(t_wall, 3),
+                     "image": image is not None, "heatmap": decision.heatmap is not None}
 
-    def summary(self) -> dict[str, Any]:
-        d = self.decision
-        return {"n": self.n, "seq": d.seq, "frame_id": d.frame_id, "verdict": Verdict(d.verdict).value,
-                "reason": d.reason, "score": _jsonable(d.score), "confidence": _jsonable(d.confidence),
-                "failsafe": bool(d.failsafe), "label": d.label, "t": self.t_wall,
-                "image": self.image is not None or self.picture is not None, "heatmap": d.heatmap is not None}
+    @property
+    def n(self) -> int:
+        return self.info["n"]
 
     def encode(self) -> bytes | None:
         """The JPEG (heat map blended in), made once; the arrays are dropped then."""
-        image, picture = self.image, self.picture  # locals: two readers may encode at once, both correctly
+        image, heatmap, picture = self.image, self.heatmap, self.picture  # two readers may encode at once
         if picture is None and image is not None:
-            picture = self.picture = overlay.encode(image, self.decision.heatmap)
-            self.image = None
+            picture = self.picture = overlay.encode(image, heatmap)
+            self.image = self.heatmap = None
         return picture
 
 
@@ -225,7 +246,7 @@ class KioskState:
         self._gallery: deque[_Shown] = deque(maxlen=gallery)
         self._rejects = 0
         self._recent: deque[_Shown] = deque(maxlen=RECENT_FRAMES)
-        self._history: deque[_Bucket] = deque(maxlen=history)
+        self._history: deque[dict[str, Any]] = deque(maxlen=history)  # closed buckets' summaries
         self._bucket: _Bucket | None = None
         self._saturated_at = -math.inf
         self._pipeline: dict[str, Any] | None = None
@@ -263,11 +284,11 @@ class KioskState:
                 self._bucket.latencies.append(float(total))
             self._times.append(now)
             self.model, self.version = decision.model or self.model, decision.version or self.version
-            shown = _Shown(0, decision, image, wall)
-            self._recent.append(shown)
             if verdict is Verdict.REJECT:
                 self._rejects += 1
-                shown.n = self._rejects
+            shown = _Shown(self._rejects if verdict is Verdict.REJECT else 0, decision, image, wall)
+            self._recent.append(shown)
+            if verdict is Verdict.REJECT:
                 self._gallery.append(shown)
             self.changes += 1
         self._publish({"kind": "decision", "seq": decision.seq, "verdict": verdict.value})
@@ -318,11 +339,11 @@ class KioskState:
         passed = int((now - self._bucket.t0) // self.bucket_s)
         if passed <= 0:
             return
-        self._history.append(self._bucket)
+        self._history.append(self._bucket.summary())
         t0 = self._bucket.t0
         first_wall = self._bucket.t_wall
         for k in range(max(1, passed - self._history.maxlen), passed):  # the empty ones, at most a history's worth
-            self._history.append(_Bucket(t0 + k * self.bucket_s, first_wall + k * self.bucket_s, Counter(), []))
+            self._history.append(_Bucket(t0, first_wall + k * self.bucket_s, Counter(), []).summary())
         self._bucket = _Bucket(t0 + passed * self.bucket_s, first_wall + passed * self.bucket_s, Counter(), [])
 
     def _publish(self, note: dict[str, Any]) -> None:
@@ -376,14 +397,8 @@ class KioskState:
             counts = {v.value: self._counts[v.value] for v in Verdict}
             parts = sum(counts.values())
             window = min(self.rate_window_s, max(now - self._t0, 1.0))  # a young kiosk: over its true age
-            totals = np.asarray([lat["total"] for lat in self._latency], dtype=np.float64)
-            seen = {k for lat in self._latency for k in lat if k != "total"}
-            stages = [k for k in STAGES if k in seen] + sorted(seen - set(STAGES))  # pipeline order
-            per_stage = {}
-            for stage in stages:
-                values = np.asarray([lat[stage] for lat in self._latency if stage in lat], dtype=np.float64)
-                per_stage[stage] = {"p50": _percentile(values, 50), "p99": _percentile(values, 99)}
-            last = self._recent[-1].summary() if self._recent else None
+            latency = list(self._latency)  # the percentiles are worked out after the lock is let go
+            last = dict(self._recent[-1].info) if self._recent else None
             snap = {
                 "version": self.changes,
                 "t": round(wall, 3),
@@ -395,19 +410,19 @@ class KioskState:
                 "rates": {"parts_per_s": round(len(self._times) / window, 3) if self._times else 0.0,
                           **{f"{v}_pct": round(100.0 * n / parts, 2) if parts else None for v, n in counts.items()},
                           "failsafe_pct": round(100.0 * self._counts["failsafe"] / parts, 2) if parts else None},
-                "latency_ms": {"n": int(totals.size), "p50": _percentile(totals, 50), "p99": _percentile(totals, 99),
-                               "stages": per_stage},
+
                 "saturated": now - self._saturated_at <= self.saturation_hold_s,
                 "pipeline": self._pipeline,
                 "plc": self._plc,
                 "source": self._source,
                 "temperature_c": temperature,
                 "last": last,
-                "gallery": [shown.summary() for shown in reversed(self._gallery)],
+                "gallery": [dict(shown.info) for shown in reversed(self._gallery)],
                 "history": {"bucket_s": self.bucket_s,
-                            "buckets": [b.summary() for b in self._history] + [self._bucket.summary()]},
+                            "buckets": [*self._history, self._bucket.summary()]},
                 "subscribers": len(self._subscribers),
             }
+        snap["latency_ms"] = _latency_summary(latency)
         return snap
 
     def frame_picture(self, seq: int | None = None) -> tuple[int, bytes] | None:
@@ -417,9 +432,9 @@ class KioskState:
             recent = [s for s in self._recent if s.image is not None or s.picture is not None]
         if not recent:
             return None
-        chosen = next((s for s in recent if s.decision.seq == seq), recent[-1])
+        chosen = next((s for s in recent if s.seq == seq), recent[-1])
         picture = chosen.encode()
-        return (chosen.decision.seq, picture) if picture is not None else None
+        return (chosen.seq, picture) if picture is not None else None
 
     def reject_picture(self, n: int) -> bytes | None:
         """The JPEG of gallery reject ``n`` (heat map blended in), None when it has left the gallery or had no

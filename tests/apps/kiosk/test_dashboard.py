@@ -262,8 +262,11 @@ def test_without_a_token_only_loopback_names_are_answered() -> None:
         assert request(dash.url + "api/state")[0] == 200
         assert request(dash.url.replace("127.0.0.1", "localhost") + "api/state")[0] == 200
         # a page on another site that rebinds its name to 127.0.0.1 still sends its own name
-        status, _, body = request(dash.url + "api/state", {"Host": "evil.example:8080"})
-        assert status == 403 and b"loopback" in body
+        for host in ("evil.example:8080", "127.0.0.1.evil.example", "127.evil.example:80", "[::2]:80"):
+            status, _, body = request(dash.url + "api/state", {"Host": host})
+            assert status == 403 and b"loopback" in body, host
+        for host in ("localhost", "127.0.0.2:8080", "[::1]:8080"):
+            assert request(dash.url + "api/state", {"Host": host})[0] == 200, host
         status, headers, body = request(dash.url + "api/frame/latest")
         assert status == 404
         status, headers, _ = request(dash.url)

@@ -6,6 +6,7 @@ import asyncio
 import json
 import threading
 import time
+import tracemalloc
 
 import cv2
 import numpy as np
@@ -120,6 +121,23 @@ def test_gallery_keeps_the_newest_rejects_with_their_pictures(state: KioskState)
     assert state.reject_picture(6) is None  # had no frame
     picture = state.reject_picture(5)
     assert picture[:3] == b"\xff\xd8\xff"  # JPEG
+
+
+def test_kept_frames_are_display_sized(state: KioskState) -> None:
+    # a camera's 1080p frames: the gallery and the recent frames keep what the page shows, not 6 MB a reject
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for seq in range(40):
+            frame = np.full((1080, 1920, 3), seq, np.uint8)
+            state.on_decision(decision(seq, Verdict.REJECT), frame)
+            del frame
+        kept = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert kept < 8 * 2**20, f"{kept / 2**20:.0f} MB kept for a 3-reject gallery and 8 recent frames"
+    shown = cv2.imdecode(np.frombuffer(state.reject_picture(40), np.uint8), cv2.IMREAD_COLOR)
+    assert shown.shape == (360, 640, 3) and shown[5, 5, 0] == 39
 
 
 def test_heat_map_is_blended_into_the_picture() -> None:
