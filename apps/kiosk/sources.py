@@ -150,6 +150,8 @@ def read_image(path: str | os.PathLike[str]) -> tuple[np.ndarray | None, str | N
             if reason:
                 return None, reason
             image = np.asarray(im.convert("RGB"))  # decodes fully: a truncated file raises here
+    except Image.DecompressionBombError as exc:  # Pillow's own cap, hit before ours for absurd headers
+        return None, f"image is over the cap ({MAX_SIDE} px a side, {MAX_PIXELS} pixels): {exc}"
     except Exception as exc:  # noqa: BLE001 -- Pillow's decoders raise many types on hostile files; all mean "corrupt"
         return None, f"corrupt image: {type(exc).__name__}: {exc}"
     return np.ascontiguousarray(image), None
