@@ -65,6 +65,7 @@ class ModbusPlc(PlcOut):
         self.undeliverable = 0
         self._link = ModbusDecisionLink(target, mapping, timeout_s=timeout_s, retries=0)
         self._connected = False
+        self._outage = False
         self._wake = threading.Event()
         self._halt = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"plc modbus {target}", daemon=True)
@@ -82,23 +83,24 @@ class ModbusPlc(PlcOut):
     def _run(self) -> None:
         backoff = BACKOFF_INITIAL_S
         while not self._halt.is_set():
-            entries = self.journal.pending(limit=BATCH)
-            if not entries:
-                self._wake.wait(0.1)
-                self._wake.clear()
-                continue
             try:
-                if not self._connected:
+                if not self._connected:  # "connected": the port is open and no write since failed
                     self._link.open()
                     self._connected = True
+                entries = self.journal.pending(limit=BATCH)
+                if not entries:
+                    self._wake.wait(0.1)
+                    self._wake.clear()
+                    continue
                 for entry in entries:
                     if self._halt.is_set():
                         return
                     self._write(entry.seq, entry.payload)
                 backoff = BACKOFF_INITIAL_S
             except LinkDown as exc:
-                if self._connected:
+                if not self._outage:  # once per outage, not once per retry
                     log.warning("Modbus PLC link down: %s; decisions wait in the journal", exc)
+                self._outage = True
                 self._connected = False
                 self._link.close()  # reopened on the next turn: a replugged adapter is a new tty
                 self._halt.wait(backoff)
@@ -117,6 +119,9 @@ class ModbusPlc(PlcOut):
             log.error("journal entry %d cannot be written to the PLC (%s); dropped", seq, exc)
         else:
             self._link.write_registers(block)  # returns once the PLC answered: applied
+            if self._outage:
+                log.warning("Modbus PLC answers again; sending the %d decisions that waited", self.journal.backlog())
+                self._outage = False
         self.journal.ack(seq)
 
     def _stop(self) -> None:

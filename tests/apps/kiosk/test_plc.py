@@ -104,9 +104,7 @@ def test_plc_reboot_delivers_the_backlog_in_order(tmp_path, line):
             peer.kill()
             for i in range(20, 50):  # the line keeps running while the PLC reboots
                 plc.send(decision(i))
-            deadline = time.monotonic() + 5
-            while plc.state().connected and time.monotonic() < deadline:
-                time.sleep(0.05)
+            wait_for(lambda: not plc.state().connected)
             state = plc.state()
             assert not state.connected and state.backlog == 30 and state.waiting_s >= 1.0  # the dashboard sees it
             time.sleep(0.5)  # down a while longer: the link keeps retrying
@@ -197,6 +195,7 @@ def test_modbus_decisions_written_and_kept_across_a_plc_reboot(tmp_path, line):
     url = f"modbus://{a.url}?unit=3&register=2&baud=115200"
     with PlcSimulator(b.url + "?baud=115200", parse_modbus_map(url)) as sim:
         with PlcOut.open(url, journal=tmp_path / "j.db", classes=CLASSES, timeout_s=0.1) as plc:
+            assert wait_for(lambda: plc.state().connected)  # the port is open before the first decision
             for i in range(6):
                 plc.send(decision(i))
             assert plc.drain(10), plc.state()
@@ -211,6 +210,15 @@ def test_modbus_decisions_written_and_kept_across_a_plc_reboot(tmp_path, line):
     assert all(fc == 16 and address == 2 and len(values) == REGISTERS for fc, address, values in writes)
     got = [as_tuple(decode_registers(values, CLASSES)) for _, _, values in writes]
     assert got == [expected(decision(i))[:5] + (pytest.approx(decision(i).confidence, abs=1e-4),) for i in range(12)]
+
+
+def wait_for(condition, timeout_s: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
 
 
 def parse_modbus_map(url: str):
