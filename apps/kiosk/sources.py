@@ -305,6 +305,11 @@ class VideoSource(Source):
         super().close()
         if self._gen is None:
             self._cap.release()
+            return
+        try:
+            self._gen.close()  # runs its finally: the capture is released now, not at garbage collection
+        except ValueError:
+            pass  # iterating in another thread right now: it sees the stop flag at the next frame and releases
 
 
 # --- spec --------------------------------------------------------------------------------------------------

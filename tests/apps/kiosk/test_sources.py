@@ -402,3 +402,17 @@ def test_modbus_trigger_fires_once_per_rising_edge(tmp_path):
                 assert not trig.wait(0.05)
             assert [p.frame_id for p in got] == ["000.png", "001.png"]
             assert trig.health()["fired"] == 2 and trig.health()["read_errors"] == 0
+
+
+def test_closing_a_video_midway_releases_its_capture(tmp_path):
+    released = []
+
+    class Tracked(_ShortVideo):
+        def release(self):
+            released.append(True)
+
+    (tmp_path / "v.mp4").write_bytes(b"stand-in")
+    src = VideoSource(tmp_path / "v.mp4", capture_factory=Tracked)
+    next(src)
+    src.close()
+    assert released and list(src) == []
