@@ -89,6 +89,7 @@ class Pipeline:
         self.model_name, self.residency, self.policy = model_name, residency, policy
         self.deadline_s, self.max_queue = deadline_ms / 1000.0, max_queue
         self.on_decision = on_decision
+        self.placement = ""  # the deciding model's placement, as its loader reported it
         self._version = self._check_loaded(model_name)  # the current model must load and fit the policy
         self._lock = threading.Lock()  # counters, pending, closed
         self._admin = threading.Lock()  # swap / promote / rollback / close, one at a time
@@ -298,6 +299,9 @@ class Pipeline:
     def _check_loaded(self, name: str) -> str:
         with self.residency.acquire(name, wait_s=LOAD_WAIT_S) as model:
             adapter_for(model).check(model, self.policy)
+            placement = getattr(model, "placement", None)
+            if name == self.model_name:
+                self.placement = placement.summary() if placement is not None else ""
             return identity(model)[1]
 
     def _spec(self, name: str) -> ModelSpec:
@@ -405,6 +409,7 @@ class Pipeline:
                 "queued": sum(b["queued"].values()), "max_queue": self.max_queue,
                 "batches": sum(self._batch_sizes.values()), "batch_sizes": dict(sorted(self._batch_sizes.items())),
                 "deadline_ms": self.deadline_s * 1000.0, "previous_versions": len(self._previous),
+                "placement": self.placement,
             }
         out["saturated"] = out["saturated"] or out["queued"] >= self.max_queue
         out["latency_ms"] = {s: ({"p50": round(float(np.percentile(v, 50)), 3), "p99": round(float(np.percentile(v, 99)), 3)}
