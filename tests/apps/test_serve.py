@@ -150,7 +150,7 @@ def test_tiny_deadline_is_504(llm_server: LiveServer) -> None:
 def _slots_free(server: LiveServer, within_s: float) -> bool:
     deadline = time.monotonic() + within_s
     while time.monotonic() < deadline:
-        if server.metric("edgerun_slots_busy", model="default") == 0:
+        if not server.metric("edgerun_slots_busy", model="default"):  # 0, or no request served yet
             return True
         time.sleep(0.05)
     return False
@@ -228,3 +228,29 @@ def test_one_json_log_line_per_request_without_its_text(llm_server: LiveServer, 
     assert [(x["model"], x["status"]) for x in lines] == [("default", "ok"), ("", "error")]
     assert lines[0]["completion_tokens"] == 2 and lines[0]["ttft_ms"] > 0 and lines[0]["priority"] == "interactive"
     assert all(secret not in r.getMessage() for r in caplog.records)
+
+
+def test_urgent_request_is_served_while_batch_streams_fill_every_slot(llm_server: LiveServer) -> None:
+    assert _slots_free(llm_server, 30)
+    body = json.dumps({"model": "default", "prompt": ENDLESS, "max_tokens": 4000, "temperature": 0, "stream": True,
+                       "priority": "batch"}).encode()
+    socks = []
+    try:
+        for _ in range(2):  # both slots: batch streams that would run for minutes
+            sock = socket.create_connection(("127.0.0.1", llm_server.port), timeout=60)
+            sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                         b"Cache-Control: no-store\r\n" + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+            socks.append(sock)
+        deadline = time.monotonic() + 60
+        while llm_server.metric("edgerun_slots_busy", model="default") != 2:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        t0 = time.monotonic()
+        status, headers, answer = llm_server.request(
+            "POST", "/v1/completions", {"model": "default", "prompt": "Hello", "max_tokens": 4}, {**NO_STORE, "X-Priority": "urgent"})
+        assert status == 200 and headers["x-edgerun-priority"] == "urgent" and time.monotonic() - t0 < 20
+        assert json.loads(answer)["usage"]["completion_tokens"] == 4
+    finally:
+        for sock in socks:
+            sock.close()
+    assert _slots_free(llm_server, 15)
