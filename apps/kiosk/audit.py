@@ -7,9 +7,13 @@ and review (with its anomaly heat-map overlay when the decision has one) and a s
 under a disk quota: past it the oldest pictures are deleted first, and their rows keep the decision
 but lose the path.
 
-Crash safety: a picture is written to a temporary name and renamed before its row is committed; a
-row's path is cleared before its file is deleted. So a crash at any point leaves at worst a file no row
-names, and opening the trail removes those (and rows whose file is gone): rows and files always agree.
+The row is committed by ``record()`` itself; pictures are encoded and written by a background thread, so
+a burst of rejects never delays the next decision (a picture that finds the writer's bounded queue full is
+dropped and counted, never the row).
+
+Crash safety: a picture is written to a temporary name and renamed before its row names it; a row's path
+is cleared before its file is deleted. So a crash at any point leaves at worst a file no row names, and
+opening the trail removes those (and clears rows whose file is gone): rows and files always agree.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import time
 from collections.abc import Mapping
 from datetime import datetime, timezone
 from pathlib import Path
+from queue import Full, Queue
 from typing import IO
 
 import numpy as np
@@ -96,6 +101,7 @@ class AuditTrail:
         pass_sample: float = DEFAULT_PASS_SAMPLE,
         seed: int = 0,
         image_format: str = "png",
+        queue: int = 64,
     ) -> None:
         if not (isinstance(quota_bytes, int) and quota_bytes >= 0):
             raise BadInput(f"audit quota {quota_bytes!r} is invalid; give a number of bytes >= 0 (0 keeps no pictures)")
@@ -103,6 +109,8 @@ class AuditTrail:
             raise BadInput(f"pass sample {pass_sample!r} is invalid; give a fraction from 0 to 1")
         if image_format not in FORMATS:
             raise BadInput(f"image format {image_format!r} is invalid; valid: {', '.join(FORMATS)}")
+        if not (isinstance(queue, int) and 1 <= queue <= 4096):
+            raise BadInput(f"audit picture queue {queue!r} is invalid; give 1..4096 pictures")
         self.path = Path(path)
         self.images = Path(images) if images is not None else self.path.parent / f"{self.path.stem}-images"
         self.quota_bytes, self.pass_sample, self.image_format = quota_bytes, float(pass_sample), image_format
@@ -120,6 +128,10 @@ class AuditTrail:
         except sqlite3.DatabaseError as exc:
             raise BadInput(f"audit database {str(self.path)!r} is not a usable SQLite database: {exc}") from exc
         self._enforce_quota()
+        self.pictures_dropped = 0  # pictures not kept because the writer fell behind (the rows are all there)
+        self._queue: Queue[tuple[int, Decision, np.ndarray] | None] = Queue(queue)
+        self._writer = threading.Thread(target=self._write_loop, name=f"audit pictures {self.images}", daemon=True)
+        self._writer.start()
 
     # --- writing -----------------------------------------------------------------
 
@@ -131,9 +143,12 @@ class AuditTrail:
         scores: Mapping[str, float] | None = None,
         at: float | None = None,
     ) -> int:
-        """One row for ``decision`` (``at``: Unix seconds, default now); its picture kept when it is not a pass,
-        or a pass drawn for the sample. Returns the row id. Never raises for a picture that cannot be written:
-        the row is what must not be lost (the failure is logged)."""
+        """One row for ``decision`` (``at``: Unix seconds, default now), committed when this returns (well under
+        a millisecond). Its picture is kept when it is not a pass, or is a pass drawn for the sample; pictures are
+        encoded and written by a background thread, so a burst of rejects never holds up the next decision
+        (``image`` must not be modified afterwards). A picture that cannot be written, or that finds the
+        writer's queue full, is logged and counted, never raised: the row is what must not be lost.
+        Returns the row id."""
         at = time.time() if at is None else float(at)
         row = {
             "at": at, "seq": int(decision.seq), "frame_id": str(decision.frame_id), "model": decision.model,
@@ -147,22 +162,40 @@ class AuditTrail:
             decision.verdict != Verdict.PASS or self._rng.random() < self.pass_sample
         )
         with self._lock:
-            db = self._require()
-            db.execute("BEGIN IMMEDIATE")
+            cur = self._require().execute(f"INSERT INTO parts ({', '.join(row)}) VALUES ({', '.join('?' * len(row))})", list(row.values()))
+            rid = int(cur.lastrowid)
+        if keep:
             try:
-                cur = db.execute(f"INSERT INTO parts ({', '.join(row)}) VALUES ({', '.join('?' * len(row))})", list(row.values()))
-                rid = int(cur.lastrowid)
-                files = self._write_pictures(rid, decision, image) if keep else None
-                if files:
-                    db.execute("UPDATE parts SET image = ?, heatmap = ?, image_bytes = ? WHERE id = ?", (*files, rid))
-                db.execute("COMMIT")
-            except BaseException:
-                db.execute("ROLLBACK")
-                raise
-            if files:
-                self._bytes += files[2]
-                self._enforce_quota()
+                self._queue.put_nowait((rid, decision, image))
+            except Full:
+                self.pictures_dropped += 1
+                log.warning("audit: picture of part %s not kept: %d pictures wait to be written", decision.seq, self._queue.maxsize)
         return rid
+
+    def flush(self, timeout_s: float = 30.0) -> bool:
+        """Wait until every picture recorded so far is written (or given up); False on timeout."""
+        deadline = time.monotonic() + timeout_s
+        while self._queue.unfinished_tasks:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.005)
+        return True
+
+    def _write_loop(self) -> None:
+        while (job := self._queue.get()) is not None:
+            rid, decision, image = job
+            try:
+                files = self._write_pictures(rid, decision, image)
+                if files:  # the files are in place before the row names them: a crash leaves only orphans
+                    with self._lock:
+                        self._require().execute("UPDATE parts SET image = ?, heatmap = ?, image_bytes = ? WHERE id = ?", (*files, rid))
+                        self._bytes += files[2]
+                        self._enforce_quota()
+            except Exception:  # a bug must not stop the trail: later pictures still get written
+                log.exception("audit: picture of part %s", decision.seq)
+            finally:
+                self._queue.task_done()
+        self._queue.task_done()
 
     def _write_pictures(self, rid: int, decision: Decision, image: np.ndarray) -> tuple[str, str | None, int] | None:
         name = f"{rid}-{Verdict(decision.verdict).value}"
@@ -264,9 +297,9 @@ class AuditTrail:
         return self._bytes
 
     def export_csv(self, since: datetime | float, out: str | os.PathLike[str] | IO[str]) -> int:
-        """Rows recorded at or after ``since`` as CSV (see :func:`export_csv`)."""
-        with self._lock:
-            return _export(self._require(), self.images, since, out)
+        """Rows recorded at or after ``since`` as CSV (see :func:`export_csv`), on a reader connection of its
+        own: a long export does not hold up :meth:`record`."""
+        return export_csv(self.path, since, out, images=self.images)
 
     def _require(self) -> sqlite3.Connection:
         if self._db is None:
@@ -274,6 +307,10 @@ class AuditTrail:
         return self._db
 
     def close(self) -> None:
+        """Write the pictures still queued, then close."""
+        if self._writer.is_alive():
+            self._queue.put(None)
+            self._writer.join()
         with self._lock:
             db, self._db = self._db, None
             if db is not None:

@@ -94,12 +94,14 @@ def test_quota_deletes_the_oldest_pictures_first(tmp_path):
     db = tmp_path / "audit.db"
     with AuditTrail(db, quota_bytes=10**9) as probe:  # the size of one picture, to set the quota from
         probe.record(decision(0, Verdict.REJECT), picture(0))
+        assert probe.flush()
         one = probe.picture_bytes
     db.unlink()
     quota = int(one * 3.5)
     with AuditTrail(db, images=tmp_path / "pictures", quota_bytes=quota) as audit:
         for i in range(12):
             audit.record(decision(i, Verdict.REJECT), picture(i))
+            assert audit.flush()
             on_disk = sum(p.stat().st_size for p in audit.images.iterdir())
             assert on_disk == audit.picture_bytes <= quota
     got = rows(db)
@@ -124,6 +126,19 @@ def test_reopen_after_a_crash_makes_rows_and_files_agree(tmp_path):
     assert got[1]["image"] is None and got[1]["heatmap"] is None  # the surviving heat map went with it
     assert all(r["image"] for i, r in enumerate(got) if i != 1)
     assert files_on_disk(images) == named_files(db) | {"notes.txt"}
+
+
+def test_a_writer_that_falls_behind_drops_pictures_never_rows(tmp_path):
+    db = tmp_path / "audit.db"
+    big = np.random.default_rng(0).integers(0, 256, (480, 640, 3), dtype=np.uint8)  # tens of ms to encode
+    with AuditTrail(db, queue=1) as audit:
+        for i in range(30):  # a burst of rejects, faster than pictures are written
+            audit.record(decision(i, Verdict.REJECT), big)
+        dropped = audit.pictures_dropped
+    got = rows(db)
+    assert len(got) == 30 and 0 < dropped < 30
+    assert sum(r["image"] is None for r in got) == dropped  # counted, and the rows say which
+    assert files_on_disk(audit.images) == named_files(db)
 
 
 WRITER = """
@@ -166,6 +181,7 @@ def test_export_csv_since_a_time(tmp_path):
             name = "=HYPERLINK(evil)" if i == 7 else None  # a frame id from a file name
             audit.record(decision(i, Verdict.REJECT if i % 2 else Verdict.PASS, frame_id=name), picture(i), at=T0 + 60 * i,
                          scores={"good": 0.2, "scratch": 0.8})  # fmt: skip
+        assert audit.flush()
         buffer = io.StringIO()
         assert audit.export_csv(datetime.fromtimestamp(T0 + 300, timezone.utc), buffer) == 5
         out = tmp_path / "report.csv"
