@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from runtime.errors import BadInput
+from runtime.errors import BadInput, missing
 
 HEAT_ALPHA = 0.55  # weight of the heat colour where the heat map is 1; where it is 0 the frame shows unchanged
 MAX_SIDE = 640  # pixels: the dashboard never needs more, and a smaller picture encodes faster
@@ -17,8 +17,8 @@ FORMATS = ("jpeg", "png")
 def _cv2():
     try:
         import cv2
-    except ImportError:  # pragma: no cover - the kiosk extra installs it
-        raise BadInput("the kiosk's pictures need OpenCV: pip install 'edgerun[kiosk]'") from None
+    except ModuleNotFoundError:
+        raise missing("cv2", "kiosk") from None
     return cv2
 
 

@@ -1,7 +1,8 @@
 """What the kiosk shows: a small thread-safe observable the kiosk app updates and the dashboard reads.
 
-The app calls :meth:`KioskState.on_decision` for every decision (from the pipeline's thread) and the ``set_*``
-methods when the PLC link, the source, the pipeline or the model change. None of them blocks on a reader: the
+The app calls :meth:`KioskState.on_part` for every captured part and hands :meth:`KioskState.on_decision` to the
+pipeline as its ``on_decision``; a :class:`Follower` copies the pipeline's stats, the PLC's state and the source's
+health in every second (or the app calls the ``set_*`` methods itself). None of them blocks on a reader: the
 dashboard subscribes (:meth:`KioskState.subscribe`) and gets a bounded queue of change notes per browser; a slow
 browser loses the oldest notes (counted), never slows the line. Pictures are encoded only when someone asks for
 them (:meth:`frame_picture`, :meth:`reject_picture`), on the asker's thread.
@@ -26,8 +27,8 @@ from typing import Any
 import numpy as np
 
 from apps.kiosk import overlay
-from apps.kiosk.types import STAGES, Decision, Verdict
-from runtime.errors import BadInput
+from apps.kiosk.types import STAGES, Decision, Part, Verdict
+from runtime.errors import BadInput, one_line
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +37,7 @@ REASON_CHARS = 48  # a reason's key: its text up to the first ":" (the detail af
 TEMPERATURE_EVERY_S = 5.0  # a thermal zone read costs a few syscalls: at most once per this many seconds
 SATURATED = "saturated"  # the pipeline's fail-safe reason key for a part the full box could not take
 RECENT_FRAMES = 8  # frames kept so the page can fetch the frame of the decision it shows, not a newer one
+MAX_PENDING = 1024  # frames remembered by on_part: far more parts than a pipeline ever holds undecided
 
 
 def board_temperature_c() -> float | None:
@@ -101,7 +103,7 @@ class _Shown:
 
     def __init__(self, n: int, decision: Decision, image: np.ndarray | None, t_wall: float) -> None:
         self.seq = decision.seq
-        self.image, self.heatmap = _for_display(image), decision.heatmap
+        self.image, self.heatmap = image, decision.heatmap  # image: display-sized already (_for_display)
         self.picture: bytes | None = None
         self.info = {"n": n, "seq": decision.seq, "frame_id": decision.frame_id,
                      "verdict": Verdict(decision.verdict).value, "reason": decision.reason,
@@ -246,6 +248,7 @@ class KioskState:
         self._gallery: deque[_Shown] = deque(maxlen=gallery)
         self._rejects = 0
         self._recent: deque[_Shown] = deque(maxlen=RECENT_FRAMES)
+        self._pending: dict[int, np.ndarray] = {}  # seq -> frame of a part not decided yet (on_part)
         self._history: deque[dict[str, Any]] = deque(maxlen=history)  # closed buckets' summaries
         self._bucket: _Bucket | None = None
         self._saturated_at = -math.inf
@@ -256,15 +259,29 @@ class KioskState:
 
     # --- writers (the kiosk app's threads) ---------------------------------------------------------------------
 
+    def on_part(self, part: Part) -> None:
+        """A captured part on its way to the pipeline: its frame is shown with its decision, so that
+        :meth:`on_decision` can be the pipeline's ``on_decision`` as it is. Holds a reference only (the pipeline
+        holds the part meanwhile anyway); at most MAX_PENDING parts, the oldest forgotten first."""
+        if part.image is None:
+            return
+        with self._lock:
+            self._pending[part.seq] = part.image
+            while len(self._pending) > MAX_PENDING:
+                self._pending.pop(next(iter(self._pending)))
+
     def on_decision(self, decision: Decision, image: np.ndarray | None = None, *,
                     saturated: bool | None = None) -> None:
-        """Count one decision. ``image`` is the part's frame (HxWx3 uint8 RGB) when there is one: it becomes the
-        live frame and, for a reject, a gallery picture (with ``decision.heatmap`` blended in). ``saturated``:
-        this part was decided by the fail-safe because the box was full (default: its reason says so, as the
-        pipeline's ``"saturated: ..."`` does)."""
+        """Count one decision. ``image`` is the part's frame (HxWx3 uint8 RGB; default: the one :meth:`on_part`
+        was given for this seq): it becomes the live frame and, for a reject, a gallery picture (with
+        ``decision.heatmap`` blended in). ``saturated``: this part was decided by the fail-safe because the box
+        was full (default: its reason says so, as the pipeline's ``"saturated: ..."`` does)."""
         verdict = Verdict(decision.verdict)
         if saturated is None:
             saturated = bool(decision.failsafe) and reason_key(decision.reason) == SATURATED
+        with self._lock:
+            pending = self._pending.pop(decision.seq, None)
+        display = _for_display(pending if image is None else image)  # a copy, when one is made, outside the lock
         now, wall = self._clock(), self._wall()
         with self._lock:
             self._roll(now, wall)
@@ -286,7 +303,7 @@ class KioskState:
             self.model, self.version = decision.model or self.model, decision.version or self.version
             if verdict is Verdict.REJECT:
                 self._rejects += 1
-            shown = _Shown(self._rejects if verdict is Verdict.REJECT else 0, decision, image, wall)
+            shown = _Shown(self._rejects if verdict is Verdict.REJECT else 0, decision, display, wall)
             self._recent.append(shown)
             if verdict is Verdict.REJECT:
                 self._gallery.append(shown)
@@ -326,6 +343,8 @@ class KioskState:
 
     def _set(self, attr: str, value: Any, kind: str) -> None:
         with self._lock:
+            if getattr(self, attr) == value:  # a poller re-reading an unchanged state wakes no browser
+                return
             setattr(self, attr, value)
             self.changes += 1
         self._publish({"kind": kind})
@@ -442,3 +461,51 @@ class KioskState:
         with self._lock:
             shown = next((s for s in self._gallery if s.n == n), None)
         return shown.encode() if shown is not None else None
+
+
+class Follower:
+    """A daemon thread that copies the kiosk's pull-style states into a :class:`KioskState` every ``every_s``:
+    ``stats`` (the pipeline's ``stats``), ``plc`` (the PLC output's ``state``), ``source`` (the source's
+    ``health``), each a no-argument callable or None. A reader that raises is logged and tried again next time;
+    an unchanged PLC or source state wakes no browser."""
+
+    def __init__(self, state: KioskState, *, stats: Callable[[], Mapping[str, Any]] | None = None,
+                 plc: Callable[[], Any] | None = None, source: Callable[[], Mapping[str, Any]] | None = None,
+                 every_s: float = 1.0) -> None:
+        if not every_s > 0:
+            raise BadInput(f"the dashboard's refresh period must be > 0 seconds, got {every_s!r}")
+        self._feeds = [(name, read, write) for name, read, write in
+                       (("pipeline stats", stats, state.set_pipeline), ("PLC state", plc, state.set_plc),
+                        ("source health", source, state.set_source)) if read is not None]
+        self.every_s = every_s
+        self._stop = threading.Event()
+        self._failing: set[str] = set()
+        self.poll()  # the page opens on the current state, not a second later
+        self._thread = threading.Thread(target=self._run, name="kiosk-dashboard-feed", daemon=True)
+        self._thread.start()
+
+    def poll(self) -> None:
+        for name, read, write in self._feeds:
+            try:
+                write(read())
+            except Exception as exc:  # a reader's failure must not end the feed: the next poll tries again
+                if name not in self._failing:
+                    log.warning("dashboard: cannot read the %s: %s", name, one_line(exc))
+                self._failing.add(name)
+            else:
+                self._failing.discard(name)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every_s):
+            self.poll()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout)
+
+    def __enter__(self) -> Follower:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -98,12 +98,12 @@ def page_requests(driver: webdriver.Chrome) -> list[str]:
 
 def test_the_page_shows_the_line_as_it_runs(browser: webdriver.Chrome) -> None:
     clock = Clock()  # the line's time, moved by the test: three 1 s history buckets
-    state = KioskState(model="plates", version="2", bucket_s=1.0, temperature=lambda: 47.25, clock=clock)
+    state = KioskState(model="plates", version="2", bucket_s=1.0, temperature=lambda: 47.5, clock=clock)
     with serve_dashboard(state, port=0) as dash:
         browser.get_log("performance")  # forget what came before
         browser.get(dash.url)
         wait_text(browser, "link", "live")
-        assert text(browser, "temperature") == "47.2 °C" or text(browser, "temperature") == "47.3 °C"
+        assert text(browser, "temperature") == "47.5 °C"
         state.set_model("plates", "3")
         state.set_plc(PlcState("frames", "/dev/pts/7", True, 0, 0.0, 0, None, 0))
         state.set_source({"source": "camera:0", "kind": "camera", "state": "running", "restarts": 0, "errors": 0})
@@ -254,6 +254,8 @@ def test_token_is_required_and_kept_in_a_cookie(browser: webdriver.Chrome) -> No
         wait_text(browser, "link", "live")
         decide(state, 0, Verdict.PASS)
         wait_text(browser, "parts", "1")
+        assert text(browser, "temperature") == "no sensor"  # None is shown as such, never a made-up number
+        assert text(browser, "plc") == "no PLC"
         browser.delete_all_cookies()
 
 

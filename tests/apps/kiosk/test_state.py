@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 import threading
 import time
 import tracemalloc
@@ -13,8 +14,8 @@ import numpy as np
 import pytest
 
 from apps.kiosk import overlay
-from apps.kiosk.state import MAX_REASONS, KioskState, reason_key
-from apps.kiosk.types import Decision, Verdict
+from apps.kiosk.state import MAX_PENDING, MAX_REASONS, Follower, KioskState, reason_key
+from apps.kiosk.types import Decision, Part, Verdict
 from runtime.errors import BadInput
 
 
@@ -294,3 +295,62 @@ def test_asyncio_reader_is_woken_from_another_thread(state: KioskState) -> None:
 def test_bad_settings_are_one_line(kwargs: dict, match: str) -> None:
     with pytest.raises(BadInput, match=match):
         KioskState(**kwargs)
+
+
+def test_on_part_gives_the_decision_its_frame(state: KioskState) -> None:
+    # the pipeline's on_decision gets only the Decision: the frame comes from the part seen on capture
+    state.on_part(Part(5, "frame-5", "dir", 0.0, part_image(250)))
+    state.on_part(Part(6, "frame-6", "dir", 0.0, None, error="cannot decode"))
+    state.on_decision(decision(5, Verdict.REJECT))
+    state.on_decision(decision(6, Verdict.REJECT, failsafe=True, reason="corrupt_frame: cannot decode"))
+    gallery = state.snapshot()["gallery"]
+    assert [(g["seq"], g["image"]) for g in gallery] == [(6, False), (5, True)]
+    bright = cv2.imdecode(np.frombuffer(state.reject_picture(1), np.uint8), cv2.IMREAD_COLOR)
+    assert bright[50, 60].min() > 200
+    assert state._pending == {}  # decided parts are forgotten
+    for seq in range(MAX_PENDING + 10):  # parts never decided (cannot happen) still cannot grow it without bound
+        state.on_part(Part(100 + seq, "f", "dir", 0.0, part_image()))
+    assert len(state._pending) == MAX_PENDING
+
+
+def test_an_unchanged_state_wakes_no_reader(state: KioskState) -> None:
+    sub = state.subscribe()
+    for _ in range(3):
+        state.set_plc({"connected": True, "backlog": 0})
+        state.set_source({"state": "running"})
+    state.set_plc({"connected": True, "backlog": 1})
+    assert sub.get(timeout=0) == [{"kind": "plc"}, {"kind": "source"}, {"kind": "plc"}]
+
+
+def test_follower_copies_pull_states_and_survives_a_failing_reader(state: KioskState) -> None:
+    calls = {"stats": 0, "plc": 0}
+
+    def stats() -> dict:
+        calls["stats"] += 1
+        return {"decided": calls["stats"], "saturation": 0, "saturated": False}
+
+    def plc() -> dict:
+        calls["plc"] += 1
+        if calls["plc"] == 2:
+            raise OSError("port gone")  # one bad read: logged, the next poll goes on
+        return {"connected": calls["plc"] > 2, "backlog": 0}
+
+    with Follower(state, stats=stats, plc=plc, every_s=0.02) as follower:
+        assert state.snapshot()["pipeline"]["decided"] == 1  # the first read happens before the thread starts
+        deadline = time.monotonic() + 10
+        while calls["plc"] < 4:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+    snap = state.snapshot()
+    assert snap["plc"] == {"connected": True, "backlog": 0} and snap["pipeline"]["decided"] >= 4
+    assert not follower._thread.is_alive()
+    with pytest.raises(BadInput, match="refresh period"):
+        Follower(state, every_s=0)
+
+
+def test_missing_opencv_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    from runtime.errors import MissingDependency
+
+    monkeypatch.setitem(sys.modules, "cv2", None)
+    with pytest.raises(MissingDependency, match=r"edgerun\[kiosk\]"):
+        overlay.encode(part_image())
