@@ -304,3 +304,39 @@ def test_a_browser_that_stops_reading_never_slows_the_line() -> None:
         while state.subscribers:
             assert time.monotonic() < deadline, "a closed browser's subscription stayed"
             time.sleep(0.05)
+
+
+def test_the_real_pipeline_feeds_the_page(browser: webdriver.Chrome, tmp_path: Path) -> None:
+    # the wiring the kiosk app uses: on_part on capture, KioskState.on_decision as the pipeline's on_decision, a
+    # Follower for the pipeline's stats; a real anomaly bundle through the residency manager
+    from apps.kiosk.pipeline import Pipeline
+    from apps.kiosk.policy import Policy
+    from apps.kiosk.state import Follower
+    from runtime.residency import ModelSpec, ResidencyManager
+    from tests.apps.kiosk.kiosk_models import anomaly_bundle, part
+
+    bundle = anomaly_bundle(tmp_path / "anomaly", "3")
+    state = KioskState(temperature=None)
+    with ResidencyManager(1 << 30) as rm, serve_dashboard(state, port=0) as dash:
+        rm.add(ModelSpec("parts", str(bundle), "anomaly", options={"threads": 1, "batch": 8}))
+        with Pipeline("parts", rm, Policy(), deadline_ms=2000, on_decision=state.on_decision) as pipeline, \
+                Follower(state, stats=pipeline.stats, every_s=0.1):
+            browser.get(dash.url)
+            wait_text(browser, "link", "live")
+            for seq in range(6):
+                p = part(seq, "good")
+                if seq % 2:
+                    p.image[:6, :6] = (40, 40, 220)  # a blue spot on the red part: an anomaly
+                state.on_part(p)
+                pipeline.submit(p)
+            assert pipeline.wait_idle(10)
+            wait_text(browser, "parts", "6")
+            wait_text(browser, "pipeline", "queue 0/32")
+        assert text(browser, "reject-count") == "3" and text(browser, "pass-count") == "3"
+        assert text(browser, "model") == "parts 3"
+        items = browser.find_elements(By.CSS_SELECTOR, "#gallery .reject-item")
+        assert [i.get_attribute("data-seq") for i in items] == ["5", "3", "1"]
+        assert all(i.find_elements(By.CSS_SELECTOR, ".tag") for i in items)  # every reject has its heat map
+        WebDriverWait(browser, WAIT_S).until(lambda d: d.execute_script(
+            "const imgs = [...document.querySelectorAll('#gallery img')];"
+            "return imgs.length === 3 && imgs.every(i => i.complete && i.naturalWidth > 0);"))
