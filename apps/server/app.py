@@ -8,6 +8,14 @@
     GET  /readyz                    the models are loaded (503 until then; no key needed)
     GET  /metrics                   Prometheus text
     GET  /admin/canary              canary states;  POST /admin/canary/{model}/{promote|rollback}
+
+Request headers: ``Authorization: Bearer KEY`` (when keys are configured), ``X-Priority: urgent|interactive|batch``
+(or the body's ``priority``; capped by the key), ``X-Deadline-Ms`` (or the body's ``deadline_ms``),
+``Cache-Control: no-store`` (skip the result cache). Response headers: ``X-Edgerun-Priority`` (the class served),
+``X-Edgerun-Truncated: tokens=N, messages=M`` (what was dropped to fit the context; a stream's header carries the
+drops known before it starts, its final usage all of them), ``X-Edgerun-Cache: hit``, ``Retry-After`` on a 429.
+Statuses: 400 bad request (and content filter), 401 key, 403 not an admin key, 404 unknown model or route,
+413 body over the cap, 429 queue full, 503 not ready / does not fit, 504 deadline passed.
 """
 
 from __future__ import annotations
