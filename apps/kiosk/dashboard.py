@@ -17,6 +17,7 @@ import hashlib
 import hmac
 import ipaddress
 import logging
+import re
 import threading
 import time
 from dataclasses import dataclass, field
@@ -37,6 +38,7 @@ log = logging.getLogger(__name__)
 WEB = Path(__file__).with_name("web")
 ASSETS = {"app.js": "text/javascript; charset=utf-8", "style.css": "text/css; charset=utf-8"}
 MIN_TOKEN_CHARS = 16  # shorter is guessable over a LAN
+TOKEN_CHARS = re.compile(r"[A-Za-z0-9_.~-]+")  # URL- and cookie-safe as they are: secrets.token_urlsafe's alphabet
 COOKIE = "kiosk_token"
 MAX_EVENTS_PER_S = 10  # snapshots per browser: more is invisible to a person and costs the box CPU
 PING_S = 15.0  # an SSE comment this often on a quiet line, so a dead browser's stream ends
@@ -49,18 +51,24 @@ HEADERS = {
 }
 
 
+def check_token(token: str, where: str = "the dashboard token") -> str:
+    """``token`` when it is at least MIN_TOKEN_CHARS URL-safe characters (it travels in a URL and a cookie as
+    it is), else BadInput."""
+    if len(token) < MIN_TOKEN_CHARS or not TOKEN_CHARS.fullmatch(token):
+        raise BadInput(f"{where} must be at least {MIN_TOKEN_CHARS} characters of A-Z a-z 0-9 _ - . ~ "
+                       "(e.g. python -c 'import secrets; print(secrets.token_urlsafe(24))')")
+    return token
+
+
 def load_token(path: Path | str) -> str:
-    """The dashboard token: the first line of ``path``, at least MIN_TOKEN_CHARS characters."""
+    """The dashboard token: the first line of the file ``path``, checked by :func:`check_token`."""
     try:
         text = Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise BadInput(f"{path}: cannot read the dashboard token file ({getattr(exc, 'strerror', None) or exc})") \
             from None
-    token = text.strip().splitlines()[0].strip() if text.strip() else ""
-    if len(token) < MIN_TOKEN_CHARS or any(c.isspace() for c in token):
-        raise BadInput(f"{path}: the dashboard token must be one word of at least {MIN_TOKEN_CHARS} characters "
-                       "(e.g. python -c 'import secrets; print(secrets.token_urlsafe(24))')")
-    return token
+    lines = text.strip().splitlines()
+    return check_token(lines[0].strip() if lines else "", f"{path}: the dashboard token")
 
 
 def check_bind(host: str, token: str | None) -> None:
@@ -160,9 +168,12 @@ def create_app(state: KioskState, token: str | None = None, live: _Live | None =
 
     async def frame(request: Request) -> Response:
         seq = request.query_params.get("seq")
-        if seq is not None and not seq.lstrip("-").isdigit():
-            return PlainTextResponse(f"seq must be a part number, got {seq!r}\n", status_code=400, headers=HEADERS)
-        found = await run_in_threadpool(state.frame_picture, None if seq is None else int(seq))
+        try:
+            wanted = None if seq is None else int(seq, 10)
+        except ValueError:
+            return PlainTextResponse(f"seq must be a part number, got {seq[:40]!r}\n", status_code=400,
+                                     headers=HEADERS)
+        found = await run_in_threadpool(state.frame_picture, wanted)
         if found is None:
             return PlainTextResponse("no frame yet\n", status_code=404, headers=HEADERS)
         return Response(found[1], media_type="image/jpeg", headers={**HEADERS, "X-Seq": str(found[0])})
@@ -184,16 +195,20 @@ def create_app(state: KioskState, token: str | None = None, live: _Live | None =
         async def stream():
             try:
                 yield event(state.snapshot())
+                sent = time.monotonic()
                 while not live.stopping.is_set():
-                    started = time.monotonic()
                     notes = await sub.next(PING_S)
                     if live.stopping.is_set() or sub.closed:
                         break
                     if not notes:
                         yield b": ping\n\n"
                         continue
+                    wait = sent + 1.0 / MAX_EVENTS_PER_S - time.monotonic()
+                    if wait > 0:
+                        await asyncio.sleep(wait)
+                        sub.get(timeout=0)  # what changed meanwhile is in the snapshot below
                     yield event(state.snapshot())
-                    await asyncio.sleep(max(0.0, 1.0 / MAX_EVENTS_PER_S - (time.monotonic() - started)))
+                    sent = time.monotonic()
             finally:
                 live.streams.discard(sub)
                 sub.close()
@@ -234,6 +249,8 @@ def serve_dashboard(state: KioskState, host: str = "127.0.0.1", port: int = 8080
                     *, start_timeout: float = 30.0) -> DashboardHandle:
     """Serve the dashboard of ``state`` on ``host:port`` (0: any free port) in a daemon thread beside the
     pipeline. BadInput, before anything binds, for a LAN address without a token or a port that cannot be had."""
+    if token is not None:
+        check_token(token)
     check_bind(host, token)
     import uvicorn
 

@@ -230,6 +230,15 @@ def test_token_file(tmp_path: Path) -> None:
     short.write_text("abc\n")
     with pytest.raises(BadInput, match="at least 16 characters"):
         load_token(short)
+    odd = tmp_path / "odd"
+    odd.write_text("a;b+c/d=e f%20ghijklmnop\n")  # would not survive a URL or a cookie as it is
+    with pytest.raises(BadInput, match="A-Z a-z 0-9"):
+        load_token(odd)
+    (tmp_path / "empty").write_text("\n\n")
+    with pytest.raises(BadInput, match="at least 16"):
+        load_token(tmp_path / "empty")
+    with pytest.raises(BadInput, match="the dashboard token must be"):
+        serve_dashboard(KioskState(temperature=None), port=0, token="short")
     with pytest.raises(BadInput, match="cannot read the dashboard token file"):
         load_token(tmp_path / "missing")
 
@@ -271,6 +280,9 @@ def test_without_a_token_only_loopback_names_are_answered() -> None:
             assert request(dash.url + "api/state", {"Host": host})[0] == 200, host
         status, headers, body = request(dash.url + "api/frame/latest")
         assert status == 404
+        for seq in ("--5", "\u00b2", "1e3", "x" * 100):  # never a 500
+            status, _, body = request(dash.url + "api/frame/latest?seq=" + urllib.parse.quote(seq))
+            assert status == 400 and b"seq must be a part number" in body, seq
         status, headers, _ = request(dash.url)
         assert "default-src 'none'" in headers["content-security-policy"]
 
