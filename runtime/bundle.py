@@ -30,6 +30,7 @@ from runtime.errors import BadInput
 from runtime.files import open_regular, sha256_file, stat_regular
 from runtime.manifest_fields import FILE_RE, enum_field, object_field, required_field, text_field
 from runtime.manifest_json import parse_json
+from runtime.specs.anomaly import AnomalySpec
 from runtime.specs.audio import AudioSpec
 from runtime.specs.llm import LLMSpec
 from runtime.specs.tensor import TensorQuant
@@ -39,7 +40,7 @@ from runtime.specs.vision import ColorOrder, Layout, ResizeMode, VisionSpec
 # manifest and its sections together (from runtime.bundle import Manifest, VisionSpec).
 __all__ = [
     "EXTENSION", "FORMAT", "MANIFEST", "MAX_MANIFEST_BYTES", "NAME_RE", "SCHEMA_VERSION", "VERSION_RE",
-    "AudioSpec", "ColorOrder", "FileEntry", "LLMSpec", "Layout", "Manifest", "ModelFormat", "ModelKind", "ResizeMode",
+    "AnomalySpec", "AudioSpec", "ColorOrder", "FileEntry", "LLMSpec", "Layout", "Manifest", "ModelFormat", "ModelKind", "ResizeMode",
     "TensorQuant", "VisionSpec", "BACKEND_FORMAT",
     "bundle_files", "check_name", "check_version", "hash_files", "is_file_name", "name_from", "read_manifest_dir",
     "verify_dir",
@@ -60,6 +61,7 @@ class ModelKind(str, enum.Enum):
     LLM = "llm"
     VISION = "vision"
     AUDIO = "audio"
+    ANOMALY = "anomaly"  # a PatchCore-style detector: a feature backbone (vision section) and a memory bank
 
 
 def check_name(name: str) -> str:
@@ -137,6 +139,7 @@ class Manifest:
     llm: LLMSpec | None = None
     vision: VisionSpec | None = None
     audio: AudioSpec | None = None
+    anomaly: AnomalySpec | None = None
     source: dict[str, Any] = field(default_factory=dict)
     reports: dict[str, Any] = field(default_factory=dict)  # conversion quality reports travel here
     schema_version: int = SCHEMA_VERSION
@@ -171,6 +174,8 @@ class Manifest:
             data["vision"] = self.vision.to_dict()
         if self.audio is not None:
             data["audio"] = self.audio.to_dict()
+        if self.anomaly is not None:
+            data["anomaly"] = self.anomaly.to_dict()
         return data
 
     def to_json(self) -> bytes:
@@ -210,6 +215,14 @@ class Manifest:
             missing = [f for f in (*audio.frontend_files, *([audio.labels] if audio.labels else [])) if f not in seen]
             if missing:
                 raise BadInput(f"manifest audio: files {missing} are not among the bundle files {seen}")
+        anomaly = AnomalySpec.from_dict(data["anomaly"]) if "anomaly" in data else None
+        if kind == ModelKind.ANOMALY and (anomaly is None or vision is None):
+            raise BadInput("manifest: kind 'anomaly' requires an 'anomaly' section (grid, channels, bank, threshold, ...) "
+                           "and a 'vision' section (the backbone's input)")
+        if anomaly is not None:
+            missing = [f for f in (anomaly.bank, *([anomaly.head] if anomaly.head else [])) if f not in seen]
+            if missing:
+                raise BadInput(f"manifest anomaly: files {missing} are not among the bundle files {seen}")
         backend = enum_field(BackendName, required_field(data, "backend", str), "backend")
         model_format = enum_field(ModelFormat, required_field(data, "model_format", str), "model_format")
         expected = BACKEND_FORMAT.get(backend)
@@ -227,6 +240,7 @@ class Manifest:
             llm=llm,
             vision=vision,
             audio=audio,
+            anomaly=anomaly,
             source=object_field(data, "source"),
             reports=object_field(data, "reports"),
             schema_version=schema,

@@ -171,6 +171,39 @@ class AudioLoader:
         return _agrees(spec, obj, planned)
 
 
+class AnomalyLoader:
+    """kind "anomaly": runtime.anomaly.AnomalyDetector (backbone, memory bank and distance search planned together).
+    Options: batch, threads, target."""
+
+    OPTIONS = ("batch", "threads", "target")
+
+    def __init__(self) -> None:
+        self._plans: dict[tuple[Any, ...], Any] = {}
+
+    def plan_bytes(self, spec: Any, budget: int) -> int:
+        from runtime.anomaly import plan_anomaly
+
+        opts = _options(spec, self.OPTIONS)
+        manifest = resolve(spec.ref).manifest
+        if manifest.kind != ModelKind.ANOMALY:
+            raise BadInput(f"{spec.name}: {manifest.ref} is a {manifest.kind.value} bundle, not kind 'anomaly'")
+        plan = plan_anomaly(manifest, budget, batch=int(opts.get("batch", 1)))
+        self._plans[_key(spec)] = plan
+        return plan.total_bytes
+
+    def shared_bytes(self, spec: Any) -> Mapping[str, int]:
+        return _classifier_runtime(self._plans[_key(spec)])
+
+    def load(self, spec: Any, budget: int) -> Any:
+        from runtime.anomaly import AnomalyDetector
+
+        planned = self.plan_bytes(spec, budget) if _key(spec) not in self._plans else self._plans[_key(spec)].total_bytes
+        opts = dict(spec.options)
+        obj = AnomalyDetector.load(spec.ref, memory=budget, batch=int(opts.get("batch", 1)), threads=opts.get("threads"),
+                                   target=opts.get("target", "auto"))
+        return _agrees(spec, obj, planned)
+
+
 def _classifier_runtime(plan: Any) -> dict[str, int]:
     """A classifier plan's runtime term by library: its backend's, plus ONNX Runtime's for an audio front end."""
     from runtime.vision_plan import RUNTIME_BYTES
@@ -184,4 +217,4 @@ def _classifier_runtime(plan: Any) -> dict[str, int]:
 
 
 def default_loaders() -> dict[str, Any]:
-    return {"llm": LLMLoader(), "vision": VisionLoader(), "audio": AudioLoader()}
+    return {"llm": LLMLoader(), "vision": VisionLoader(), "audio": AudioLoader(), "anomaly": AnomalyLoader()}
