@@ -40,7 +40,7 @@ import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 from urllib.parse import parse_qsl, urlencode
 
 from apps.kiosk.types import Decision, Verdict
@@ -221,14 +221,20 @@ class PlcOut:
         durability: Durability | str = Durability.FULL,
         classes: Sequence[str] = (),
         timeout_s: float = 0.3,
+        on_command: Callable[[bytes], None] | None = None,
     ) -> "PlcOut":
         """Open the PLC output; the link (re)connects in the background, so a PLC that is off is not an error.
 
         ``journal``: the SQLite outbox (default ``$EDGERUN_HOME/kiosk/plc-journal.db``); reopening it after a
         restart resends what the PLC has not acknowledged, in order. ``classes``: the model's class names, for
-        the Modbus class index. ``timeout_s``: how long a Modbus PLC may take to answer a write.
+        the Modbus class index. ``timeout_s``: how long a Modbus PLC may take to answer a write. ``on_command``:
+        called once per COMMAND frame the PLC sends over the frame link (a trigger). With Modbus, a trigger input
+        is read through the output's own ``link`` under its ``lock`` (one port, one owner).
         """
         protocol, target, options = parse_url(url)
+        if on_command is not None and protocol != "frames":
+            raise BadInput(f"PLC URL {shown(url)} is Modbus, which carries no commands; read its trigger input through "
+                           "the output's link and lock (apps.kiosk.triggers.ModbusTrigger)")
         path = Path(journal) if journal is not None else default_journal_path()
         path.parent.mkdir(parents=True, exist_ok=True)
         jr = Journal(path, durability)
@@ -236,7 +242,7 @@ class PlcOut:
             if protocol == "frames":
                 from apps.kiosk.plc_links import FramedPlc
 
-                return FramedPlc(url, jr, target)
+                return FramedPlc(url, jr, target, on_command)
             from apps.kiosk.plc_links import ModbusPlc
 
             return ModbusPlc(url, jr, target, options, tuple(classes), timeout_s)

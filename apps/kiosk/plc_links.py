@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from apps.kiosk.plc import REGISTERS, PlcOut, decode, registers
 from apps.kiosk.types import Decision
@@ -29,11 +29,12 @@ class FramedPlc(PlcOut):
 
     protocol = "frames"
 
-    def __init__(self, url: str, journal: Journal, target: str) -> None:
+    def __init__(self, url: str, journal: Journal, target: str, on_command: Callable[[bytes], None] | None = None) -> None:
         from devices.link.sender import LinkConfig, ResultLink
 
         super().__init__(url, journal)
-        self.link = ResultLink(LinkConfig(target), journal).start()
+        # on_command: COMMAND frames from the PLC (apps.kiosk.triggers.CommandTrigger.on_command), each delivered once
+        self.link = ResultLink(LinkConfig(target), journal, on_command=on_command).start()
 
     def _link_up(self) -> bool:
         return self.link.connected
@@ -63,7 +64,9 @@ class ModbusPlc(PlcOut):
         super().__init__(url, journal)
         self.classes = tuple(classes)
         self.undeliverable = 0
-        self._link = ModbusDecisionLink(target, mapping, timeout_s=timeout_s, retries=0)
+        # A trigger input on the same port (apps.kiosk.triggers.ModbusTrigger) reads through ``link`` under ``lock``.
+        self.link = ModbusDecisionLink(target, mapping, timeout_s=timeout_s, retries=0)
+        self.lock = threading.Lock()
         self._connected = False
         self._outage = False
         self._wake = threading.Event()
@@ -85,7 +88,8 @@ class ModbusPlc(PlcOut):
         while not self._halt.is_set():
             try:
                 if not self._connected:  # "connected": the port is open and no write since failed
-                    self._link.open()
+                    with self.lock:
+                        self.link.open()
                     self._connected = True
                 entries = self.journal.pending(limit=BATCH)
                 if not entries:
@@ -102,13 +106,13 @@ class ModbusPlc(PlcOut):
                     log.warning("Modbus PLC link down: %s; decisions wait in the journal", exc)
                 self._outage = True
                 self._connected = False
-                self._link.close()  # reopened on the next turn: a replugged adapter is a new tty
+                self._close_port()  # reopened on the next turn: a replugged adapter is a new tty
                 self._halt.wait(backoff)
                 backoff = min(backoff * 2, BACKOFF_MAX_S)
             except Exception:  # a bug must not end the thread: decisions keep waiting in the journal
                 log.exception("Modbus PLC writer error; retrying")
                 self._connected = False
-                self._link.close()
+                self._close_port()
                 self._halt.wait(BACKOFF_MAX_S)
 
     def _write(self, seq: int, payload: bytes) -> None:
@@ -118,7 +122,8 @@ class ModbusPlc(PlcOut):
             self.undeliverable += 1
             log.error("journal entry %d cannot be written to the PLC (%s); dropped", seq, exc)
         else:
-            self._link.write_registers(block)  # returns once the PLC answered: applied
+            with self.lock:
+                self.link.write_registers(block)  # returns once the PLC answered: applied
             if self._outage:
                 log.warning("Modbus PLC answers again; sending the %d decisions that waited", self.journal.backlog())
                 self._outage = False
@@ -128,4 +133,8 @@ class ModbusPlc(PlcOut):
         self._halt.set()
         self._wake.set()
         self._thread.join(timeout=5.0)
-        self._link.close()
+        self._close_port()
+
+    def _close_port(self) -> None:
+        with self.lock:
+            self.link.close()

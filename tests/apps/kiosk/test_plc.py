@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from apps.kiosk.plc import FIXED, REGISTERS, PlcMessage, PlcOut, decode, decode_registers, encode, parse_url, registers
+from apps.kiosk.triggers import TRIGGER_COMMAND, CommandTrigger, ModbusTrigger
 from apps.kiosk.types import Decision, Verdict
 from devices.link.frame import FrameType
 from devices.link.modbus import PlcSimulator
@@ -212,6 +213,43 @@ def test_modbus_decisions_written_and_kept_across_a_plc_reboot(tmp_path, line):
     assert got == [expected(decision(i))[:5] + (pytest.approx(decision(i).confidence, abs=1e-4),) for i in range(12)]
 
 
+def test_triggers_share_the_frame_link_with_the_decisions(tmp_path, line):
+    # One port, one owner: the PLC's trigger commands arrive on the link that carries the decisions.
+    _, a, b = line
+    trigger = CommandTrigger()
+    with ReferencePeer(b.url, str(tmp_path / "peer.db"), command_timeout_s=0.05) as peer:
+        peer.start()
+        with PlcOut.open(a.url, journal=tmp_path / "j.db", on_command=trigger.on_command) as plc:
+            for i in range(5):
+                peer.send_command(TRIGGER_COMMAND)  # a part at the station
+                assert trigger.wait(5)
+                plc.send(decision(i))  # its decision
+            assert plc.drain(10)
+        peer.stop()
+    assert trigger.fired == 5
+    assert_exactly_once(peer_got(str(tmp_path / "peer.db")), range(5))
+
+
+def test_modbus_trigger_reads_through_the_outputs_port(tmp_path, line):
+    _, a, b = line
+    url = f"modbus://{a.url}?unit=1"
+    with PlcSimulator(b.url, parse_modbus_map(url)) as sim, PlcOut.open(url, journal=tmp_path / "j.db") as plc:
+        trigger = ModbusTrigger(plc.link, lock=plc.lock)
+        for i in range(5):
+            sim.trigger = True
+            assert trigger.wait(5)
+            sim.trigger = False
+            plc.send(decision(i))
+            assert not trigger.wait(0.05)  # one edge, one part; the writes in between do not disturb the reads
+        assert plc.drain(10)
+    assert [decode_registers(v).seq for _, _, v in sim.writes] == list(range(5))
+
+
+def test_modbus_has_no_commands(tmp_path):
+    with pytest.raises(BadInput, match="carries no commands"):
+        PlcOut.open("modbus:///dev/ttyUSB0", journal=tmp_path / "j.db", on_command=print)
+
+
 def wait_for(condition, timeout_s: float = 5.0) -> bool:
     deadline = time.monotonic() + timeout_s
     while not condition():
@@ -225,7 +263,7 @@ def parse_modbus_map(url: str):
     from devices.link.modbus import ModbusMap
 
     _, _, options = parse_url(url)
-    return ModbusMap(device_id=options["unit"], decision_register=options["register"], size=16)
+    return ModbusMap(device_id=options.get("unit", 1), decision_register=options.get("register", 0), size=16)
 
 
 def test_payload_round_trip_and_edges():
