@@ -116,8 +116,11 @@ class AuditTrail:
         self.quota_bytes, self.pass_sample, self.image_format = quota_bytes, float(pass_sample), image_format
         self._rng = random.Random(seed)
         self._lock = threading.Lock()
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.images.mkdir(parents=True, exist_ok=True)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.images.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise BadInput(f"cannot create the audit trail's folders ({exc.filename}): {exc.strerror or exc}") from exc
         try:
             self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
             self._db.execute("PRAGMA journal_mode=WAL")

@@ -236,7 +236,10 @@ class PlcOut:
             raise BadInput(f"PLC URL {shown(url)} is Modbus, which carries no commands; read its trigger input through "
                            "the output's link and lock (apps.kiosk.triggers.ModbusTrigger)")
         path = Path(journal) if journal is not None else default_journal_path()
-        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise BadInput(f"cannot create the PLC journal's folder {str(path.parent)!r}: {exc.strerror or exc}") from exc
         jr = Journal(path, durability)
         try:
             if protocol == "frames":

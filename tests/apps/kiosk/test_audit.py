@@ -282,3 +282,9 @@ def test_report_without_a_database_is_one_line(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "does not exist" in err and err.count("\n") == 1
     assert not (tmp_path / "none.db").exists()  # a report never creates a database
+
+
+def test_a_folder_that_cannot_be_made_is_one_line(tmp_path):
+    (tmp_path / "file").write_text("a file where the kiosk's folder should be")
+    with pytest.raises(BadInput, match="cannot create the audit trail's folders"):
+        AuditTrail(tmp_path / "file" / "kiosk" / "audit.db")

@@ -309,3 +309,9 @@ def test_bad_url_is_one_line(tmp_path, url, message):
     with pytest.raises(BadInput, match=message) as info:
         PlcOut.open(url, journal=tmp_path / "j.db")
     assert "\n" not in str(info.value)
+
+
+def test_a_journal_folder_that_cannot_be_made_is_one_line(tmp_path):
+    (tmp_path / "file").write_text("a file where the kiosk's folder should be")
+    with pytest.raises(BadInput, match="cannot create the PLC journal's folder"):
+        PlcOut.open("/dev/ttyUSB0", journal=tmp_path / "file" / "kiosk" / "plc.db")
