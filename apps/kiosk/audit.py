@@ -299,6 +299,14 @@ class AuditTrail:
     def picture_bytes(self) -> int:
         return self._bytes
 
+    def stats(self) -> dict[str, int]:
+        """For the dashboard: rows recorded, bytes of pictures kept and the quota, pictures dropped or still queued."""
+        with self._lock:
+            rows = self._require().execute("SELECT COALESCE(MAX(id), 0) FROM parts").fetchone()[0]  # rows are never deleted
+            kept = self._bytes
+        return {"rows": int(rows), "picture_bytes": kept, "quota_bytes": self.quota_bytes,
+                "pictures_dropped": self.pictures_dropped, "pictures_queued": self._queue.qsize()}  # fmt: skip
+
     def export_csv(self, since: datetime | float, out: str | os.PathLike[str] | IO[str]) -> int:
         """Rows recorded at or after ``since`` as CSV (see :func:`export_csv`), on a reader connection of its
         own: a long export does not hold up :meth:`record`."""

@@ -67,7 +67,11 @@ def test_a_row_per_part_pictures_of_rejects_and_a_seeded_sample_of_passes(tmp_pa
         with AuditTrail(db, pass_sample=0.25, seed=seed) as audit:
             for d in decisions:
                 audit.record(d, None if d.failsafe else picture(d.seq))
+            assert audit.flush()
+            stats = audit.stats()
             images = audit.images
+        assert stats["rows"] == 101 and stats["pictures_dropped"] == stats["pictures_queued"] == 0
+        assert stats["picture_bytes"] == sum(p.stat().st_size for p in images.iterdir())
         got = rows(db)
         kept_passes.append({r["seq"] for r in got if r["verdict"] == "pass" and r["image"]})
     assert len(got) == 101 and [r["seq"] for r in got] == list(range(101))
