@@ -35,6 +35,7 @@ COMMANDS: dict[str, str] = {
     "serial-peer": "apps.cli.serial_peer_cmd",
     "serve": "apps.cli.serve_cmd",
     "loadtest": "apps.cli.loadtest_cmd",
+    "kiosk": "apps.cli.kiosk_cmd",
 }
 
 

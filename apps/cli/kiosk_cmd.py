@@ -1,0 +1,31 @@
+"""``edgerun kiosk ACTION ...``: the inspection kiosk's commands, each imported only when it runs.
+
+``teach`` builds an anomaly bundle from images of good parts (apps/kiosk/teach_cmd.py).
+``report`` exports the audit trail since a time as CSV (apps/kiosk/report_cmd.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+
+from runtime.errors import BadInput
+
+HELP = "the inspection kiosk: teach an anomaly bundle from good parts (kiosk teach --help)"
+ACTIONS = {
+    "teach": "apps.kiosk.teach_cmd",
+    "report": "apps.kiosk.report_cmd",
+}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
+    for action, module in ACTIONS.items():
+        mod = importlib.import_module(module)
+        mod.add_arguments(sub.add_parser(action, help=mod.HELP, description=mod.HELP))
+
+
+def main(args: argparse.Namespace) -> int:
+    if args.action not in ACTIONS:
+        raise BadInput(f"unknown kiosk action {args.action!r}; valid: {', '.join(ACTIONS)}")
+    return int(importlib.import_module(ACTIONS[args.action]).main(args) or 0)
