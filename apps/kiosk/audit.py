@@ -18,7 +18,6 @@ opening the trail removes those (and clears rows whose file is gone): rows and f
 
 from __future__ import annotations
 
-import csv
 import json
 import logging
 import math
@@ -29,13 +28,15 @@ import sqlite3
 import threading
 import time
 from collections.abc import Mapping
-from datetime import datetime, timezone
+from datetime import datetime
 from pathlib import Path
 from queue import Full, Queue
 from typing import IO
 
 import numpy as np
 
+from apps.kiosk.audit_export import LATENCY as _LATENCY
+from apps.kiosk.audit_export import export_csv
 from apps.kiosk.types import STAGES, Decision, Verdict
 from runtime.errors import BadInput, missing
 
@@ -48,7 +49,6 @@ FORMATS = ("png", "jpg")
 MAX_IMAGE_SIDE = 8192  # pixels; a larger "image" is a bug upstream, not a part
 _PICTURE = re.compile(r"^\d{1,19}-(pass|reject|review)(-heat)?\.(png|jpg)$")
 _TMP_SUFFIX = ".tmp"
-_LATENCY = [f"{stage}_ms" for stage in STAGES]
 
 _SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -70,10 +70,6 @@ CREATE TABLE IF NOT EXISTS parts (
 CREATE INDEX IF NOT EXISTS parts_by_time ON parts (at);
 CREATE INDEX IF NOT EXISTS parts_with_picture ON parts (id) WHERE image IS NOT NULL;
 """
-
-CSV_COLUMNS = ["time", "seq", "frame_id", "model", "version", "verdict", "reason", "label", "score", "confidence",
-               "failsafe", "scores", *_LATENCY, "image", "heatmap"]  # fmt: skip
-
 
 def _cv2():
     try:
@@ -334,59 +330,6 @@ class AuditTrail:
         self.close()
 
 
-def export_csv(db_path: str | os.PathLike[str], since: datetime | float, out: str | os.PathLike[str] | IO[str], *,
-               images: str | os.PathLike[str] | None = None) -> int:  # fmt: skip
-    """Export from an audit database without opening it for writing (a report beside a running kiosk).
-
-    ``since``: an aware datetime, a naive one (local time) or Unix seconds. ``out``: a path (written to a
-    temporary file and renamed: never half a report) or an open text file. Returns the rows written.
-    Picture paths are absolute; text that a spreadsheet would run as a formula is prefixed with ``'``.
-    """
-    path = Path(db_path)
-    if not path.is_file():
-        raise BadInput(f"audit database {str(path)!r} does not exist; give the kiosk's audit.db (--db)")
-    try:
-        db = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
-        try:
-            return _export(db, Path(images) if images else path.parent / f"{path.stem}-images", since, out)
-        finally:
-            db.close()
-    except sqlite3.DatabaseError as exc:
-        raise BadInput(f"audit database {str(path)!r} cannot be read: {exc}") from exc
-
-
-def _export(db: sqlite3.Connection, images: Path, since: datetime | float, out: str | os.PathLike[str] | IO[str]) -> int:
-    start = since.timestamp() if isinstance(since, datetime) else float(since)
-    if not isinstance(out, (str, os.PathLike)):
-        return _write_csv(db, images, start, out)
-    target = Path(out)
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    try:
-        with open(tmp, "w", newline="", encoding="utf-8") as f:
-            n = _write_csv(db, images, start, f)
-        os.replace(tmp, target)
-    except OSError as exc:
-        raise BadInput(f"cannot write the report to {str(target)!r}: {exc.strerror or exc}") from exc
-    finally:
-        tmp.unlink(missing_ok=True)
-    return n
-
-
-def _write_csv(db: sqlite3.Connection, images: Path, start: float, f: IO[str]) -> int:
-    columns = ["at", "seq", "frame_id", "model", "version", "verdict", "reason", "label", "score", "confidence",
-               "failsafe", "scores", *_LATENCY, "image", "heatmap"]  # fmt: skip
-    cur = db.execute(f"SELECT {', '.join(columns)} FROM parts WHERE at >= ? ORDER BY at, id", (start,))
-    writer = csv.writer(f, lineterminator="\n")
-    writer.writerow(CSV_COLUMNS)
-    n = 0
-    while rows := cur.fetchmany(1024):
-        for at, *rest in rows:
-            *fields, image, heatmap = rest
-            writer.writerow([_iso(at), *(_cell(v) for v in fields), *(str(images.resolve() / p) if p else "" for p in (image, heatmap))])
-        n += len(rows)
-    return n
-
-
 class _transaction:
     def __init__(self, db: sqlite3.Connection) -> None:
         self.db = db
@@ -396,16 +339,6 @@ class _transaction:
 
     def __exit__(self, exc_type, *_: object) -> None:
         self.db.execute("ROLLBACK" if exc_type else "COMMIT")
-
-
-def _iso(at: float) -> str:
-    return datetime.fromtimestamp(at, timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
-
-
-def _cell(value: object) -> object:
-    if isinstance(value, str) and value[:1] in ("=", "+", "-", "@", "\t", "\r"):
-        return "'" + value  # a frame id or reason from a file name must not run as a spreadsheet formula
-    return "" if value is None else value
 
 
 def _real(value: object) -> float | None:

@@ -55,7 +55,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from apps.kiosk.audit import default_db_path, export_csv
+    from apps.kiosk.audit import default_db_path
+    from apps.kiosk.audit_export import export_csv
 
     db = args.db or default_db_path()
     if args.out:

@@ -18,7 +18,8 @@ import cv2
 import numpy as np
 import pytest
 
-from apps.kiosk.audit import CSV_COLUMNS, AuditTrail, export_csv
+from apps.kiosk.audit import AuditTrail
+from apps.kiosk.audit_export import CSV_COLUMNS, export_csv
 from apps.kiosk.types import Decision, Verdict
 from runtime.errors import BadInput
 
