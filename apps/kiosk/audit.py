@@ -2,7 +2,7 @@
 
 ``AuditTrail(path)`` keeps, in SQLite (WAL, ``synchronous=NORMAL``: a killed kiosk loses no committed row):
 time, source frame id, model name and version, the score(s), the decision and its reason, the latency of
-each stage and whether the decision was fail-safe. Next to it, in ``images/``, the image of every reject
+each stage and whether the decision was fail-safe. Beside it (``audit-images/`` for ``audit.db``), the image of every reject
 and review (with its anomaly heat-map overlay when the decision has one) and a seeded sample of passes,
 under a disk quota: past it the oldest pictures are deleted first, and their rows keep the decision
 but lose the path.
