@@ -12,7 +12,7 @@ from typing import Any
 
 from apps.server.canary import CanaryRouter
 from apps.server.config import ServeConfig
-from apps.server.llm_service import EngineService, SingleStream
+from apps.server.llm_service import EngineService
 from apps.server.metrics import ServerMetrics
 from apps.server.models import Models
 from apps.server.security import ApiKeys, load_keys
@@ -84,8 +84,7 @@ class ServerState:
         with self._lock:
             known = self._services.get(id(model))
             if known is None or known[0] is not model:
-                svc = EngineService(model) if hasattr(model, "submit") else SingleStream(model, self.config.limits.max_queued)
-                known = self._services[id(model)] = (model, svc, name)
+                known = self._services[id(model)] = (model, EngineService(model), name)
             return known[1]
 
     def batcher(self, name: str, model: Any, make: Any) -> Any:
