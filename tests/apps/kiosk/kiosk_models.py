@@ -95,3 +95,32 @@ class TimedLoader(VisionLoader):
         time.sleep(self.load_s.get(spec.ref, 0.0))
         self.loaded_at[spec.ref] = time.monotonic()
         return Slowed(model, self)
+
+
+RED = np.array(COLORS["good"], np.float32) / 255.0  # the good part's patch feature (std 255)
+
+
+def anomaly_bundle(directory: Path, version: str, *, size: int = 16, grid: int = 4, threshold: float = 0.3) -> Path:
+    """An anomaly bundle (ORT) whose backbone is a grid x grid average pool of the channels / 255 and whose memory
+    bank holds the one good patch: a red patch. A patch of another color is far from the bank."""
+    from onnx import helper
+
+    from runtime.files import sha256_file
+
+    directory.mkdir(parents=True)
+    k = size // grid
+    nodes = [helper.make_node("AveragePool", ["x"], ["pooled"], kernel_shape=[k, k], strides=[k, k]),
+             helper.make_node("Transpose", ["pooled"], ["y"], perm=[0, 2, 3, 1])]
+    model = onnx_model(directory / "model.onnx", nodes, ["N", 3, size, size], ["N", grid, grid, 3], {})
+    bank = directory / "bank.npy"
+    np.save(bank, RED[None, :].astype(np.float32))
+    files = [{"path": f.name, "sha256": sha256_file(f)[0], "size": f.stat().st_size, "role": role}
+             for f, role in ((model, "weights"), (bank, "bank"))]
+    manifest = {"format": "edgerun.bundle", "schema_version": 1, "kind": "anomaly", "backend": "ort", "model_format": "onnx",
+                "name": "parts", "version": version, "files": files,
+                "vision": {"size": size, "layout": "nchw", "resize": "stretch", "mean": [0.0], "std": [255.0],
+                           "output_is_logits": False},
+                "anomaly": {"backbone": "avgpool", "grid": grid, "channels": 3, "bank": "bank.npy", "bank_rows": 1,
+                            "bank_dtype": "float32", "threshold": threshold, "false_reject": 0.01, "coreset": 1.0}}
+    (directory / "manifest.json").write_text(json.dumps(manifest))
+    return directory
