@@ -90,6 +90,7 @@ def test_curl_sse_framing(llm_server: LiveServer) -> None:
     assert chunks[-2]["choices"][0]["finish_reason"] == "length"
 
 
+@pytest.mark.slow
 def test_too_long_prompt_is_refused_with_count_and_limit_unless_truncate(llm_server: LiveServer) -> None:
     prompt = "word " * (SERVE_CTX * 2)
     status, _, body = llm_server.request("POST", "/v1/completions", {"model": "default", "prompt": prompt, "max_tokens": 4})
@@ -105,6 +106,7 @@ def test_too_long_prompt_is_refused_with_count_and_limit_unless_truncate(llm_ser
     assert dropped > SERVE_CTX // 2 and headers["x-edgerun-truncated"] == f"tokens={dropped}, messages=0"
 
 
+@pytest.mark.slow
 def test_too_long_conversation_drops_turns_only_when_asked(llm_server: LiveServer) -> None:
     turns = []
     for i in range(12):
@@ -181,6 +183,7 @@ def test_disconnecting_client_frees_its_slot(llm_server: LiveServer, stream: boo
         time.sleep(0.05)
 
 
+@pytest.mark.slow
 def test_full_queue_is_429_with_retry_after(llm_server: LiveServer) -> None:
     req = {"model": "default", "prompt": COUNT, "max_tokens": 48}
     assert _slots_free(llm_server, 30)  # 2 slots and 2 queued: of 10 sent at once, some must be refused
