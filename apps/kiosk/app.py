@@ -1,0 +1,351 @@
+"""The inspection kiosk: source -> pipeline -> (PLC, audit trail, dashboard), every captured part decided once.
+
+``Kiosk(config).run()`` validates everything first (one-line BadInput before any thread starts or port binds),
+then runs until the source ends, ``max_parts`` parts were captured, or :meth:`Kiosk.stop` (a signal) is
+called, and returns the summary. Threads, budgeted for a small box: the model's intra-op threads (placement's
+choice, by default one core fewer than the usable ones so capture never waits for a core), one capture thread
+(paces a replayed file or folder at ``rate`` parts/s), the pipeline's batch worker, deadline timer and output
+thread (each decision goes to the PLC first, then the audit trail, then the dashboard state), the PLC link's and
+the audit pictures' writers, and the dashboard (uvicorn, one thread, and a 1 s state follower).
+
+Shutdown (:meth:`Kiosk.close`, idempotent): capture stops; a part already taken from the source is still
+submitted; the pipeline decides every part still queued or in flight (its fail-safe "shutdown" reject when the
+model does not finish in time) and hands each decision to the PLC journal and the audit trail before the PLC
+link closes (unacknowledged decisions stay journaled and are resent, in order, on the next start).
+
+Model updates on a running kiosk: :meth:`Kiosk.update_model` (the new ref is resolved, loaded and checked
+against the policy while the old version keeps deciding; the switch is atomic between batches; a version that
+does not load or fit is refused and the old one keeps deciding), :meth:`Kiosk.rollback` and, with a canary
+fraction, :meth:`Kiosk.promote`. ``edgerun kiosk`` maps SIGHUP to :meth:`Kiosk.reload`: it reads kiosk.toml
+again and applies a changed ``[model] ref`` (with its ``canary``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+
+from apps.kiosk.config import KioskConfig, read_config
+from apps.kiosk.types import Decision, Part, Verdict
+from runtime.errors import BadInput, one_line
+
+log = logging.getLogger(__name__)
+
+MODEL_NAME = "kiosk"  # the residency manager's name for the deciding model
+MAX_HELD_IMAGES = 4096  # frames kept for the audit trail until their part is decided (bounded by the queue anyway)
+PLC_DRAIN_S = 5.0  # at shutdown, how long to wait for the PLC to acknowledge what is journaled
+
+
+def usable_cpus() -> int:
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def thread_budget(config: KioskConfig) -> dict[str, int]:
+    """Threads the kiosk runs: the model's (config, or one core left to capture and the rest), and the light ones."""
+    model = config.threads if config.threads is not None else max(1, usable_cpus() - 1)
+    budget = {"model": model, "capture": 1, "pipeline": 3, "plc": 1, "audit": 1}
+    if config.dashboard:
+        budget["dashboard"] = 2
+    return budget
+
+
+class Kiosk:
+    """``Kiosk(config).run()`` or ``with Kiosk(config).start() as k: ... k.stop(); k.wait()``.
+
+    ``capture_factory``: the camera's / video's capture (tests inject one); ``loaders``: residency loaders by kind
+    over the defaults; ``temperature``: the dashboard's sensor callable."""
+
+    def __init__(self, config: KioskConfig, *, capture_factory: Callable | None = None,
+                 loaders: Mapping[str, Any] | None = None, temperature: Callable[[], float | None] | None = None,
+                 plc_drain_s: float = PLC_DRAIN_S) -> None:
+        self.config = config.checked()
+        self.capture_factory, self.loaders, self.temperature = capture_factory, loaders, temperature
+        self.plc_drain_s = plc_drain_s
+        self.threads = thread_budget(config)
+        self.source = self.pipeline = self.residency = self.plc = self.audit = self.state = None
+        self.dashboard = self.follower = None
+        self._capture: threading.Thread | None = None
+        self._stopping = threading.Event()
+        self._captured_all = threading.Event()
+        self._reload = threading.Event()
+        self._lock = threading.Lock()
+        self._images: dict[int, np.ndarray] = {}
+        self._counts: Counter[str] = Counter()
+        self._errors: Counter[str] = Counter()
+        self._seqs: Counter[int] = Counter()  # part seq -> decisions handed out (1 each, checked in the summary)
+        self.captured = 0
+        self.capture_error: str | None = None
+        self._started_at = 0.0
+        self._ended_at: float | None = None
+        self._closed = False
+        self.ref = config.model
+        self._plc_final: dict[str, Any] | None = None
+
+    # -- start ---------------------------------------------------------------------------------------------------
+    def start(self) -> Kiosk:
+        from apps.kiosk.dashboard import check_bind, load_token
+        from apps.kiosk.plc import parse_url
+        from apps.kiosk.policy import Policy
+        from runtime.resolve import resolve
+
+        cfg = self.config
+        policy = Policy.from_config(cfg.policy)  # everything that can be checked without starting anything first
+        parse_url(cfg.plc)
+        token = load_token(cfg.token_file) if cfg.dashboard and cfg.token_file is not None else None
+        if cfg.dashboard:
+            check_bind(cfg.host, token)
+        kind = resolve(cfg.model).manifest.kind.value
+        if kind not in ("vision", "anomaly"):
+            raise BadInput(f"--model {cfg.model}: a {kind} bundle cannot decide parts; give a vision or anomaly bundle")
+        try:
+            self._open(policy, kind, token)
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def _open(self, policy: Any, kind: str, token: str | None) -> None:
+        from apps.kiosk.audit import AuditTrail, default_db_path
+        from apps.kiosk.pipeline import Pipeline
+        from apps.kiosk.plc import PlcOut
+        from apps.kiosk.sources import open_source
+        from apps.kiosk.state import Follower, KioskState, board_temperature_c
+        from runtime.plan import default_budget
+        from runtime.residency import ModelSpec, ResidencyManager
+        from runtime.residency_loaders import default_loaders
+
+        cfg = self.config
+        options = {}
+        if self.capture_factory is not None and not os.path.isdir(cfg.source):  # a camera's or a video's capture
+            options["capture_factory"] = self.capture_factory
+        self.source = open_source(cfg.source, watch=cfg.watch, **options)
+        self.residency = ResidencyManager(cfg.memory or default_budget(), loaders={**default_loaders(), **(self.loaders or {})})
+        self.residency.add(ModelSpec(MODEL_NAME, cfg.model, kind, pinned=True, keep_alive_s=None,
+                                     options={"threads": self.threads["model"], "batch": cfg.batch, "target": cfg.target}))
+        self.pipeline = Pipeline(MODEL_NAME, self.residency, policy, deadline_ms=cfg.deadline_ms, max_queue=cfg.max_queue,
+                                 max_batch=cfg.batch, max_wait_ms=cfg.max_wait_ms, on_decision=self._on_decision)
+        with self.residency.acquire(MODEL_NAME) as model:
+            classes = tuple(getattr(model, "labels", ()) or ())
+        self.plc = PlcOut.open(cfg.plc, journal=cfg.plc_journal, classes=classes)
+        self.audit = AuditTrail(cfg.audit_db or default_db_path(), quota_bytes=cfg.audit_quota, pass_sample=cfg.pass_sample)
+        stats = self.pipeline.stats()
+        self.state = KioskState(model=stats["model"], version=stats["version"],
+                                temperature=self.temperature or board_temperature_c)
+        if cfg.dashboard:
+            from apps.kiosk.dashboard import serve_dashboard
+
+            self.dashboard = serve_dashboard(self.state, cfg.host, cfg.port, token)
+        self.follower = Follower(self.state, stats=self.pipeline.stats, plc=self.plc.state, source=self.source.health)
+        log.info("kiosk: %s -> %s (%s, %s) -> PLC %s; threads %s%s", cfg.source, cfg.model, stats["version"],
+                 self.pipeline.placement or "placed", cfg.plc, self.threads,
+                 f"; dashboard {self.dashboard.url}" if self.dashboard else "")
+        self._started_at = time.monotonic()
+        self._capture = threading.Thread(target=self._capture_loop, name="kiosk-capture", daemon=True)
+        self._capture.start()
+
+    # -- capture -> pipeline -> outputs ----------------------------------------------------------------------------
+    def _capture_loop(self) -> None:
+        cfg = self.config
+        paced = cfg.rate > 0 and self.source.kind in ("video", "folder")
+        period = 1.0 / cfg.rate if paced else 0.0
+        next_at = time.monotonic()
+        try:
+            while not self._stopping.is_set():
+                if paced:
+                    delay = next_at - time.monotonic()
+                    if delay > 0 and self._stopping.wait(delay):
+                        break
+                    next_at = max(next_at + period, time.monotonic() - period)  # a stall is not caught up in a burst
+                try:
+                    part = next(self.source)
+                except StopIteration:
+                    break
+                self.submit(part)  # a part taken from the line is always decided, even while stopping
+                if cfg.max_parts and self.captured >= cfg.max_parts:
+                    break
+        except Exception as exc:  # a source that breaks ends capture; what was captured is still decided
+            self.capture_error = one_line(exc)
+            log.error("kiosk: capture stopped: %s", self.capture_error)
+        finally:
+            self._captured_all.set()
+
+    def submit(self, part: Part) -> None:
+        with self._lock:
+            self.captured += 1
+            if part.image is not None:
+                self._images[part.seq] = part.image
+                while len(self._images) > MAX_HELD_IMAGES:
+                    self._images.pop(next(iter(self._images)))
+        self.pipeline.submit(part)
+
+    def _on_decision(self, decision: Decision) -> None:
+        """The pipeline's output thread: the PLC first (the gate waits for it), then the audit trail, then the page."""
+        with self._lock:
+            image = self._images.pop(decision.seq, None)
+            self._seqs[decision.seq] += 1
+            self._counts[Verdict(decision.verdict).value] += 1
+            self._counts["failsafe"] += bool(decision.failsafe)
+        for name, write in (("plc", lambda: self.plc.send(decision)),
+                            ("audit", lambda: self.audit.record(decision, image)),
+                            ("dashboard", lambda: self.state.on_decision(decision, image))):
+            try:
+                write()
+            except Exception as exc:  # one output failing must not cost the others this decision
+                with self._lock:
+                    self._errors[name] += 1
+                log.error("kiosk: part %d: %s output failed: %s", decision.seq, name, one_line(exc))
+
+    # -- model updates -------------------------------------------------------------------------------------------
+    def update_model(self, ref: str, *, canary: float = 0.0) -> str:
+        """Switch to ``ref`` between parts (or start a canary of it); the old version is kept for rollback.
+        BadInput (the old version keeps deciding) when it does not resolve, load or fit the policy."""
+        version = self.pipeline.swap(ref, canary=canary)
+        if not canary:
+            self.ref = ref
+            self.state.set_model(self.pipeline.stats()["model"], version)
+        log.info("kiosk: model %s version %s %s", ref, version, f"on a {canary:.0%} canary" if canary else "deciding")
+        return version
+
+    def promote(self) -> str:
+        version = self.pipeline.promote()
+        self.state.set_model(self.pipeline.stats()["model"], version)
+        return version
+
+    def rollback(self) -> str:
+        version = self.pipeline.rollback()
+        self.state.set_model(self.pipeline.stats()["model"], version)
+        return version
+
+    def request_reload(self) -> None:
+        """Signal-safe: the run loop reloads kiosk.toml at its next tick."""
+        self._reload.set()
+
+    def reload(self) -> str | None:
+        """Read kiosk.toml again and apply a changed ``[model] ref`` (with ``canary``); other settings need a
+        restart. Returns the new version, or None when nothing changed or the update was refused (logged)."""
+        if self.config.path is None:
+            log.warning("kiosk: reload asked for, but the kiosk was started without --config")
+            return None
+        try:
+            new = read_config(self.config.path)
+            if not new.model or new.model == self.ref:
+                log.info("kiosk: %s reloaded: [model] ref unchanged", self.config.path)
+                return None
+            return self.update_model(new.model, canary=new.canary)
+        except BadInput as exc:
+            log.error("kiosk: reload refused, still deciding with %s: %s", self.ref, one_line(exc))
+            return None
+
+    # -- run, stop, close ----------------------------------------------------------------------------------------
+    def stop(self) -> None:
+        """Signal-safe: stop capturing; :meth:`wait` / :meth:`run` then shut down."""
+        self._stopping.set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Until capture ended (source done, max_parts, stop()) and every captured part was decided; serves reloads."""
+        end = None if timeout is None else time.monotonic() + timeout
+        while not self._captured_all.wait(0.1):
+            if self._reload.is_set():
+                self._reload.clear()
+                self.reload()
+            if self._stopping.is_set():
+                break
+            if end is not None and time.monotonic() >= end:
+                return False
+        left = None if end is None else max(0.0, end - time.monotonic())
+        return self.pipeline.wait_idle(left)
+
+    def run(self) -> dict[str, Any]:
+        """start(), wait(), close(); returns the summary."""
+        self.start()
+        try:
+            self.wait()
+        finally:
+            self.close()
+        return self.summary()
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._stopping.set()
+        if self.source is not None:
+            self.source.close()
+        if self._capture is not None:
+            self._capture.join(10.0)
+            if self._capture.is_alive():
+                log.warning("kiosk: the capture thread did not stop within 10 s")
+        if self.pipeline is not None:
+            self.pipeline.close()  # every part still queued or in flight is decided and handed out here
+        self._ended_at = time.monotonic()
+        if self.plc is not None and self.plc_drain_s > 0 and not self.plc.drain(self.plc_drain_s):
+            log.warning("kiosk: %d decisions not acknowledged by the PLC yet; journaled for the next start",
+                        self.plc.state().backlog)
+        for name, closer in (("dashboard feed", self.follower and self.follower.stop),
+                             ("dashboard", self.dashboard and self.dashboard.stop),
+                             ("audit pictures", self.audit and (lambda: self.audit.flush(10.0))),
+                             ("PLC state", self.plc and self._final_plc_state),
+                             ("PLC", self.plc and self.plc.close), ("audit", self.audit and self.audit.close),
+                             ("models", self.residency and self.residency.close)):
+            if not closer:
+                continue
+            try:
+                closer()
+            except Exception as exc:  # the rest still closes
+                log.error("kiosk: closing the %s failed: %s", name, one_line(exc))
+
+    def _final_plc_state(self) -> None:
+        self._plc_final = self.plc.state().to_dict()
+
+    def __enter__(self) -> Kiosk:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- the result ----------------------------------------------------------------------------------------------
+    def summary(self) -> dict[str, Any]:
+        stats = self.pipeline.stats() if self.pipeline is not None else {}
+        with self._lock:
+            counts, seqs = dict(self._counts), dict(self._seqs)
+            errors = dict(self._errors)
+        end = self._ended_at if self._ended_at is not None else time.monotonic()
+        seconds = max(1e-9, end - self._started_at) if self._started_at else 0.0
+        decided = sum(seqs.values())
+        total = stats.get("latency_ms", {}).get("total", {})
+        plc = self._plc_final or (self.plc.state().to_dict() if self.plc is not None and not self._closed
+                                                    else None)
+        return {
+            "source": self.config.source, "model": stats.get("model", ""), "version": stats.get("version", ""),
+            "placement": stats.get("placement", ""), "threads": self.threads,
+            "parts": self.captured, "decided": decided, "undecided": self.captured - decided,
+            "twice": sorted(s for s, n in seqs.items() if n > 1),
+            "pass": counts.get("pass", 0), "reject": counts.get("reject", 0), "review": counts.get("review", 0),
+            "failsafe": counts.get("failsafe", 0), "failsafe_by_reason": stats.get("failsafe", {}),
+            "latency_ms": {"p50": total.get("p50"), "p99": total.get("p99")},
+            "seconds": round(seconds, 3), "parts_per_s": round(decided / seconds, 2) if seconds else 0.0,
+            "plc": plc, "output_errors": errors, "capture_error": self.capture_error,
+            "source_health": self.source.health() if self.source is not None else None,
+            "audit_pictures_dropped": getattr(self.audit, "pictures_dropped", 0),
+        }
+
+
+def summary_line(s: Mapping[str, Any]) -> str:
+    """One line for the end of ``edgerun kiosk``."""
+    lat = s["latency_ms"]
+    p = "n/a" if lat["p50"] is None else f"{lat['p50']:.1f}/{lat['p99']:.1f} ms"
+    plc = s.get("plc") or {}
+    acked = f", PLC backlog {plc.get('backlog')}" if plc else ""
+    return (f"kiosk: {s['parts']} parts in {s['seconds']:.1f} s ({s['parts_per_s']:.1f}/s): {s['pass']} pass, "
+            f"{s['reject']} reject, {s['review']} review; {s['failsafe']} fail-safe; total latency p50/p99 {p}"
+            f"{acked}; model {s['model']} {s['version']}")
