@@ -13,6 +13,18 @@ from runtime.generation import Truncation
 from runtime.sampling import SamplingParams
 
 
+def answer_room(max_tokens: int, slot_ctx: int) -> int:
+    """The room runtime.engine.Engine keeps in a slot for the answer when it fits a prompt (its rule)."""
+    return max(1, min(max_tokens, slot_ctx // 4))
+
+
+def fit_cut(n_prompt: int, max_tokens: int, slot_ctx: int) -> Truncation | None:
+    """What the engine drops from an ``n_prompt``-token prompt to fit a slot (with ``truncate``), or None: known
+    before the answer starts, so a stream's header can say it."""
+    over = n_prompt + answer_room(max_tokens, slot_ctx) - slot_ctx
+    return Truncation("prompt", over, 0) if over > 0 else None
+
+
 def too_long(tokens: int, limit: int, what: str) -> BadInput:
     return BadInput(f"the {what} is {tokens} tokens; this model's context holds {limit} prompt tokens with room to "
                     "answer: shorten it, or send \"truncate\": true to drop its oldest part")
@@ -29,7 +41,8 @@ class EngineService:
 
     def submit(self, *, messages: list[dict[str, str]] | None, prompt: str | None, params: SamplingParams,
                priority: Any, deadline: float | None, truncate: bool) -> tuple[Any, list[Truncation]]:
-        """(a handle whose ``aevents()`` yields the answer, the truncations already made to fit the prompt).
+        """(a handle whose ``aevents()`` yields the answer, the truncations made to fit the prompt: turns dropped
+        and the engine's cut).
         QueueFull when the priority class's queue is full; BadInput for a prompt that does not fit (unless
         ``truncate``)."""
         from runtime.engine import GenRequest
@@ -38,11 +51,13 @@ class EngineService:
             req = self.engine.chat_request(messages, params, priority=priority, deadline=deadline, truncate=truncate)
             dropped = sum(t.tokens_dropped for t in req.truncations)
             if dropped and not truncate:  # turns were dropped to fit: only when asked
-                room = max(1, min(params.max_tokens, self.engine.slot_ctx // 4))
+                room = answer_room(params.max_tokens, self.engine.slot_ctx)
                 raise too_long(len(req.prompt) + dropped, self.engine.slot_ctx - room, "conversation")
         else:
             req = GenRequest(self.engine.tokenize(prompt), params, priority=priority, deadline=deadline, truncate=truncate)
-        return self.engine.submit(req), list(req.truncations)
+        handle = self.engine.submit(req)  # refuses a prompt that does not fit unless truncate
+        cut = fit_cut(len(req.prompt), params.max_tokens, self.engine.slot_ctx) if truncate else None
+        return handle, list(req.truncations) + ([cut] if cut is not None else [])
 
     def stats(self) -> dict[str, Any]:
         return self.engine.stats()

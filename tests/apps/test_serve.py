@@ -107,6 +107,23 @@ def test_too_long_prompt_is_refused_with_count_and_limit_unless_truncate(llm_ser
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("chat", [False, True])
+def test_streamed_answer_names_the_truncation_in_its_header(llm_server: LiveServer, chat: bool) -> None:
+    # The engine's cut of a prompt that does not fit is known before the stream starts: the header sent with the
+    # first event says it, and it agrees with the usage of the final chunk.
+    long = "word " * (SERVE_CTX * 2)
+    req = {"model": "default", "max_tokens": 4, "truncate": True, "stream": True, "stream_options": {"include_usage": True}}
+    req.update({"messages": [{"role": "user", "content": long}]} if chat else {"prompt": long})
+    status, headers, body = llm_server.request("POST", "/v1/chat/completions" if chat else "/v1/completions", req,
+                                               NO_STORE)
+    assert status == 200 and headers["content-type"].startswith("text/event-stream")
+    chunks = [json.loads(e[6:]) for e in body.decode().split("\n\n") if e.startswith("data: {")]
+    truncated = chunks[-1]["usage"]["truncated"]
+    assert truncated["tokens_dropped"] > SERVE_CTX // 2
+    assert headers.get("x-edgerun-truncated") == f"tokens={truncated['tokens_dropped']}, messages={truncated['messages_dropped']}"
+
+
+@pytest.mark.slow
 def test_too_long_conversation_drops_turns_only_when_asked(llm_server: LiveServer) -> None:
     turns = []
     for i in range(12):
