@@ -351,5 +351,15 @@ def test_bad_settings_are_one_line(bundles: dict[str, Path], kw: dict, policy: P
             Pipeline("parts", rm, policy, **kw)
 
 
+def test_only_parts_are_submitted(bundles: dict[str, Path]) -> None:
+    line = Line(bundles["1"])
+    try:
+        with pytest.raises(BadInput, match="submit\\(\\) takes a Part, not ndarray"):
+            line.pipeline.submit(np.zeros((8, 8, 3), np.uint8))  # type: ignore[arg-type]
+        assert line.pipeline.stats()["submitted"] == 0
+    finally:
+        line.close()
+
+
 def test_failsafe_reasons_are_the_documented_keys() -> None:
     assert FAILSAFE == ("deadline", "saturated", "corrupt_frame", "backend_error", "shutdown")
