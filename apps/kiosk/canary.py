@@ -54,9 +54,12 @@ class Canary:
         job.add_done_callback(self._done)
 
     def _done(self, job: Any) -> None:
-        if not job.cancelled() and job.exception() is not None:
+        exc = None if job.cancelled() else job.exception()
+        if isinstance(exc, Cancelled):  # the canary ended with the part still queued
+            self._count("skipped")
+        elif exc is not None:
             self._count("errors")
-            log.warning("canary %s: a comparison failed: %s", self.ref, one_line(job.exception()))
+            log.warning("canary %s: a comparison failed: %s", self.ref, one_line(exc))
         with self._idle:
             self._counts["finished"] += 1
             self._idle.notify_all()
