@@ -55,8 +55,9 @@ def endpoint(handler: Handler, *, auth: bool = True, ready: bool = True, admin: 
         state: ServerState = request.app.state.edgerun
         try:
             key = state.keys.authenticate(request) if auth else None
-            if admin and key is not None and not key.admin:
-                raise Forbidden("this API key may not use the admin endpoints (mark it 'admin' in the keys file)")
+            if admin and (key is None or not key.admin):  # never open: without keys, any local process or web page could
+                raise Forbidden("the admin endpoints need an admin API key (a key marked 'admin' in --api-key-file)"
+                                if key is None else "this API key may not use the admin endpoints (mark it 'admin' in the keys file)")
             if ready and not state.ready.is_set():
                 raise api.NotReady(state.failed or "the server is loading its models; try again shortly")
             return await handler(request, state, key)

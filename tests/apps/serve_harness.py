@@ -19,8 +19,11 @@ from apps.server.state import ServerState
 
 
 class LiveServer:
-    def __init__(self, config: ServeConfig, *, load: bool = True, keys: Any = None, models: Any = None) -> None:
+    def __init__(self, config: ServeConfig, *, load: bool = True, keys: Any = None, models: Any = None,
+                 api_key: str | None = None) -> None:
+        """``api_key``: sent with every request that names no Authorization of its own."""
         self.state = ServerState(config, keys, models)
+        self.api_key = api_key
         sock = listen("127.0.0.1", 0)
         self.port = sock.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
@@ -45,6 +48,8 @@ class LiveServer:
         """(status, headers, body) of one request; a JSON-able ``body`` is sent as JSON, bytes as they are."""
         data = body if isinstance(body, bytes) or body is None else json.dumps(body).encode()
         hdrs = {"Content-Type": "application/json", **(headers or {})}
+        if self.api_key is not None and not any(k.lower() == "authorization" for k in hdrs):
+            hdrs["Authorization"] = f"Bearer {self.api_key}"
         req = urllib.request.Request(self.url + path, data=data, method=method, headers=hdrs)
         try:
             with urllib.request.urlopen(req, timeout=timeout) as resp:

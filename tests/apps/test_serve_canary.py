@@ -21,6 +21,7 @@ from tests.apps.serve_harness import LiveServer
 pytestmark = pytest.mark.slow
 NO_STORE = {"Cache-Control": "no-store"}
 OPTS = {"ctx": 256, "slots": 1}
+ADMIN_KEY = "sk-admin-0123456789abcdef"  # the admin endpoint needs a key marked admin
 
 
 class _BrokenNext:
@@ -43,19 +44,21 @@ class _BrokenNext:
 
 
 @pytest.fixture(scope="module")
-def server(smollm, shared_home: Path) -> Iterator[LiveServer]:
+def server(smollm, shared_home: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    keys = tmp_path_factory.mktemp("canary-keys") / "keys.txt"
+    keys.write_text(f"{ADMIN_KEY} interactive admin\n")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("EDGERUN_HOME", str(shared_home))
         entries = [ModelEntry(name, "default", options=OPTS) for name in ("chat", "chat-next", "calm")]
         entries.append(ModelEntry("gone", str(shared_home / "no-such-model.gguf")))  # cannot even be planned
-        cfg = ServeConfig(models=entries, limits=Limits(result_cache=0),
+        cfg = ServeConfig(models=entries, limits=Limits(result_cache=0), api_keys_file=keys,
                           canary=[CanaryRoute("chat", "chat-next", 0.5, min_requests=3),
                                   CanaryRoute("calm", "chat", 0.0, min_requests=3),
                                   CanaryRoute("chat-next", "gone", 1.0)])
         loaders = {**default_loaders(), "llm": _BrokenNext()}
         from runtime.plan import default_budget
 
-        live = LiveServer(cfg, models=Models(cfg, ResidencyManager(default_budget(), loaders=loaders)))
+        live = LiveServer(cfg, models=Models(cfg, ResidencyManager(default_budget(), loaders=loaders)), api_key=ADMIN_KEY)
         live.wait_ready()
         yield live
         live.stop()

@@ -201,6 +201,19 @@ def test_admin_endpoints_need_an_admin_key(keyed: LiveServer) -> None:
     assert keyed.request("GET", "/admin/canary")[0] == 401
 
 
+def test_admin_endpoints_are_closed_without_keys() -> None:
+    # A keyless server is loopback only, but any local process or web page (a form POST) can reach it: the admin
+    # endpoints never answer without an admin key.
+    server = LiveServer(ServeConfig(models=[ModelEntry("default", "default")]), load=False)
+    server.state.ready.set()
+    try:
+        for method, path in (("GET", "/admin/canary"), ("POST", "/admin/canary/default/promote")):
+            status, _, body = server.request(method, path)
+            assert status == 403 and "admin API key" in json.loads(body)["error"]["message"]
+    finally:
+        server.stop()
+
+
 def test_unknown_route_is_json_404(keyed: LiveServer) -> None:
     status, _, body = keyed.request("GET", "/v1/nothing-here")
     assert status == 404 and json.loads(body)["error"]["code"] == "not_found"
