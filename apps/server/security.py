@@ -129,6 +129,35 @@ def check_bind(host: str, keys: ApiKeys) -> None:
                        "give --api-key-file FILE (or api_keys_file in serve.toml), or bind 127.0.0.1")
 
 
+def host_name(header: str) -> str:
+    """The name in a Host header, without the port: ``[::1]:8080`` -> ``::1``, ``Example:80`` -> ``example``."""
+    header = header.strip().lower()
+    if header.startswith("["):
+        return header[1:].partition("]")[0]
+    return header.rpartition(":")[0] if header.count(":") == 1 else header
+
+
+def loopback_name(name: str, also: str = "") -> bool:
+    """``localhost``, a loopback address literal, or ``also`` (the name the server was bound by); never another
+    DNS name, whatever it resolves to now ("127.0.0.1.evil.example")."""
+    if name in ("localhost", also.lower()):
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
+
+
+def check_host(request: Request, bound: str) -> None:
+    """Without API keys, answer only requests addressed to this machine by a loopback name. A web page can
+    point its own DNS name at 127.0.0.1 (DNS rebinding) and then read this server as its own origin; the Host
+    header it sends names it, so it is refused here."""
+    given = request.headers.get("host")
+    if given is not None and not loopback_name(host_name(given), bound):
+        raise Forbidden(f"this server has no API key, so it answers only requests to localhost or a loopback address, "
+                        f"not to {host_name(given)[:100]!r}; use http://127.0.0.1:PORT, or give --api-key-file")
+
+
 def check_model_name(name: object) -> str:
     """A model name from a request, checked like a store name before any lookup: it can never name a path."""
     if not isinstance(name, str):

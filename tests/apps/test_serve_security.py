@@ -214,6 +214,30 @@ def test_admin_endpoints_are_closed_without_keys() -> None:
         server.stop()
 
 
+@pytest.mark.parametrize("host, ok", [
+    ("127.0.0.1:{port}", True), ("localhost:{port}", True), ("LOCALHOST", True), ("[::1]:{port}", True),
+    ("127.9.9.9", True), ("evil.example:{port}", False), ("127.0.0.1.evil.example", False), ("localhost.evil.example", False),
+    ("[2001:db8::1]:{port}", False),
+])
+def test_keyless_server_answers_only_loopback_host_names(host: str, ok: bool) -> None:
+    # DNS rebinding: a web page whose own name now resolves to 127.0.0.1 would read a keyless server as its origin.
+    server = LiveServer(ServeConfig(models=[ModelEntry("default", "default")]), load=False)
+    server.state.ready.set()
+    try:
+        conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+        conn.putrequest("GET", "/v1/models", skip_host=True)
+        conn.putheader("Host", host.format(port=server.port))
+        conn.endheaders()
+        resp = conn.getresponse()
+        body = json.loads(resp.read())
+        conn.close()
+        assert resp.status == (200 if ok else 403), body
+        if not ok:
+            assert "loopback" in body["error"]["message"]
+    finally:
+        server.stop()
+
+
 def test_unknown_route_is_json_404(keyed: LiveServer) -> None:
     status, _, body = keyed.request("GET", "/v1/nothing-here")
     assert status == 404 and json.loads(body)["error"]["code"] == "not_found"
