@@ -115,6 +115,7 @@ class Kiosk:
         return self
 
     def _open(self, policy: Any, kind: str, token: str | None) -> None:
+        from apps.kiosk.adapters import identity
         from apps.kiosk.audit import AuditTrail, default_db_path
         from apps.kiosk.pipeline import Pipeline
         from apps.kiosk.plc import PlcOut
@@ -136,17 +137,16 @@ class Kiosk:
                                  max_batch=cfg.batch, max_wait_ms=cfg.max_wait_ms, on_decision=self._on_decision)
         with self.residency.acquire(MODEL_NAME) as model:
             classes = tuple(getattr(model, "labels", ()) or ())
+            name, version, _ = identity(model)
         self.plc = PlcOut.open(cfg.plc, journal=cfg.plc_journal, classes=classes)
         self.audit = AuditTrail(cfg.audit_db or default_db_path(), quota_bytes=cfg.audit_quota, pass_sample=cfg.pass_sample)
-        stats = self.pipeline.stats()
-        self.state = KioskState(model=stats["model"], version=stats["version"],
-                                temperature=self.temperature or board_temperature_c)
+        self.state = KioskState(model=name, version=version, temperature=self.temperature or board_temperature_c)
         if cfg.dashboard:
             from apps.kiosk.dashboard import serve_dashboard
 
             self.dashboard = serve_dashboard(self.state, cfg.host, cfg.port, token)
         self.follower = Follower(self.state, stats=self.pipeline.stats, plc=self.plc.state, source=self.source.health)
-        log.info("kiosk: %s -> %s (%s, %s) -> PLC %s; threads %s%s", cfg.source, cfg.model, stats["version"],
+        log.info("kiosk: %s -> %s (%s, %s) -> PLC %s; threads %s%s", cfg.source, cfg.model, version,
                  self.pipeline.placement or "placed", cfg.plc, self.threads,
                  f"; dashboard {self.dashboard.url}" if self.dashboard else "")
         self._started_at = time.monotonic()
@@ -212,18 +212,24 @@ class Kiosk:
         version = self.pipeline.swap(ref, canary=canary)
         if not canary:
             self.ref = ref
-            self.state.set_model(self.pipeline.stats()["model"], version)
+            self.state.set_model(self._model_name(), version)
         log.info("kiosk: model %s version %s %s", ref, version, f"on a {canary:.0%} canary" if canary else "deciding")
         return version
 
+    def _model_name(self) -> str:
+        from apps.kiosk.adapters import identity
+
+        with self.residency.acquire(MODEL_NAME) as model:
+            return identity(model)[0]
+
     def promote(self) -> str:
         version = self.pipeline.promote()
-        self.state.set_model(self.pipeline.stats()["model"], version)
+        self.state.set_model(self._model_name(), version)
         return version
 
     def rollback(self) -> str:
         version = self.pipeline.rollback()
-        self.state.set_model(self.pipeline.stats()["model"], version)
+        self.state.set_model(self._model_name(), version)
         return version
 
     def request_reload(self) -> None:
@@ -326,7 +332,8 @@ class Kiosk:
         plc = self._plc_final or (self.plc.state().to_dict() if self.plc is not None and not self._closed
                                                     else None)
         return {
-            "source": self.config.source, "model": stats.get("model", ""), "version": stats.get("version", ""),
+            "source": self.config.source, "model": self.state.model if self.state is not None else "",
+            "version": stats.get("version", ""),
             "placement": stats.get("placement", ""), "threads": self.threads,
             "parts": self.captured, "decided": decided, "undecided": self.captured - decided,
             "twice": sorted(s for s, n in seqs.items() if n > 1),
