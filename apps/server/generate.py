@@ -92,7 +92,8 @@ async def _attempt(request: Request, state: Any, chat: bool, args: api.GenArgs, 
         if hit is not None:
             outcome.cache = "hit"
             lease.close()
-            return _replay(chat, rid, args, hit, outcome, {"X-Edgerun-Priority": priority.name.lower()})
+            return _replay(api.Reply(chat, rid, args.model, outcome.version), args, hit, outcome,
+                           {"X-Edgerun-Priority": priority.name.lower()})
         handle, truncations = await run_in_threadpool(
             svc.submit, messages=args.messages, prompt=args.prompt, params=params, priority=priority, deadline=deadline,
             truncate=args.truncate)
@@ -112,9 +113,10 @@ async def _attempt(request: Request, state: Any, chat: bool, args: api.GenArgs, 
     if first is None:  # the client went away
         return Response(status_code=499)
     headers = {"X-Edgerun-Priority": priority.name.lower(), **api.truncated_header(list(truncations))}
+    reply = api.Reply(chat, rid, args.model, outcome.version)
     if args.stream:
-        return EventStream(run.stream(chat, rid, args, first), headers)
-    return await run.whole(chat, rid, args, first, headers)
+        return EventStream(run.stream(reply, args, first), headers)
+    return await run.whole(reply, first, headers)
 
 
 def _is_fault(exc: BaseException) -> bool:
@@ -138,20 +140,20 @@ def _cache_key(state: Any, request: Request, outcome: Outcome, chat: bool, args:
     return cache.key(f"{outcome.served}@{version}", settings, {"chat": chat, **args.cache_payload()})
 
 
-def _replay(chat: bool, rid: str, args: api.GenArgs, hit: tuple[str, Any], outcome: Outcome,
+def _replay(reply: api.Reply, args: api.GenArgs, hit: tuple[str, Any], outcome: Outcome,
             headers: dict[str, str]) -> Response:
     text, result = hit
     outcome.first_token()
     outcome.finish(result=result)
     headers = {**headers, "X-Edgerun-Cache": "hit", **api.truncated_header(list(result.truncations))}
     if not args.stream:
-        return JSONResponse(api.completion(chat, rid, args.model, text, result), headers=headers)
+        return JSONResponse(reply.completion(text, result), headers=headers)
 
     async def body() -> AsyncIterator[bytes]:
-        yield event(api.chunk(chat, rid, args.model, text, first=True))
-        yield event(api.chunk(chat, rid, args.model, None, finish=api.FINISH.get(result.stop_reason, "stop")))
+        yield event(reply.chunk(text, first=True))
+        yield event(reply.last_chunk(result))
         if args.include_usage:
-            yield event(api.usage_chunk(chat, rid, args.model, result))
+            yield event(reply.usage_chunk(result))
         yield DONE
 
     return EventStream(body(), headers)
@@ -213,7 +215,7 @@ class _Run:
         threading.Thread(target=_release_when_done, args=(self.handle, self.lease), daemon=True,
                          name="edgerun-release").start()
 
-    async def whole(self, chat: bool, rid: str, args: api.GenArgs, ev: Any, headers: dict[str, str]) -> Response:
+    async def whole(self, reply: api.Reply, ev: Any, headers: dict[str, str]) -> Response:
         parts: list[str] = []
         try:
             while ev.kind == "text":
@@ -228,29 +230,29 @@ class _Run:
         text, result = "".join(parts), ev.result
         self.close(result=result, text=text)
         headers = {**headers, **api.truncated_header(list(result.truncations))}
-        return JSONResponse(api.completion(chat, rid, args.model, text, result), headers=headers)
+        return JSONResponse(reply.completion(text, result), headers=headers)
 
-    async def stream(self, chat: bool, rid: str, args: api.GenArgs, ev: Any) -> AsyncIterator[bytes]:
+    async def stream(self, reply: api.Reply, args: api.GenArgs, ev: Any) -> AsyncIterator[bytes]:
         parts: list[str] = []
         try:
-            if chat:
-                yield event(api.chunk(chat, rid, args.model, "", first=True))
+            if reply.chat:
+                yield event(reply.chunk("", first=True))
             while ev.kind == "text":
                 safe = self.checker.feed(ev.text)
                 if safe:
                     parts.append(safe)
-                    yield event(api.chunk(chat, rid, args.model, safe))
+                    yield event(reply.chunk(safe))
                 ev = await self.events.__anext__()  # Starlette cancels this task when the client disconnects
                 if ev.kind == "error":
                     raise ev.error if ev.error is not None else BackendError("generation failed")
             rest = self.checker.finish()
             if rest:
                 parts.append(rest)
-                yield event(api.chunk(chat, rid, args.model, rest))
+                yield event(reply.chunk(rest))
             result = ev.result
-            yield event(api.chunk(chat, rid, args.model, None, finish=api.FINISH.get(result.stop_reason, "stop")))
+            yield event(reply.last_chunk(result))
             if args.include_usage:
-                yield event(api.usage_chunk(chat, rid, args.model, result))
+                yield event(reply.usage_chunk(result))
             self.close(result=result, text="".join(parts))
             yield DONE
         except EdgerunError as exc:  # headers are sent: the error travels as an event, as OpenAI's streams do

@@ -191,29 +191,46 @@ def usage(result: Result) -> dict[str, Any]:
     return out
 
 
-def completion(chat: bool, rid: str, model: str, text: str, result: Result, finish: str | None = None) -> dict[str, Any]:
-    reason = finish or FINISH.get(result.stop_reason, "stop")
-    if chat:
-        choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None, "finish_reason": reason}
-    else:
-        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": reason}
-    return {"id": rid, "object": "chat.completion" if chat else "text_completion", "created": int(time.time()),
-            "model": model, "choices": [choice], "usage": usage(result)}
+@dataclass
+class Reply:
+    """One answer's shape: its id, creation time, model and fingerprint are the same in every chunk of a stream.
+    ``fingerprint``: the version that answered (OpenAI's ``system_fingerprint``: with a ``seed``, a change of it
+    says the answer may differ)."""
 
+    chat: bool
+    id: str
+    model: str
+    fingerprint: str | None = None
+    created: int = field(default_factory=lambda: int(time.time()))
 
-def chunk(chat: bool, rid: str, model: str, text: str | None, finish: str | None = None, first: bool = False) -> dict[str, Any]:
-    if chat:
-        delta: dict[str, Any] = {"role": "assistant", "content": text or ""} if first else ({"content": text} if text else {})
-        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
-    else:
-        choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
-    return {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion", "created": int(time.time()),
-            "model": model, "choices": [choice]}
+    def _head(self, kind: str) -> dict[str, Any]:
+        return {"id": self.id, "object": kind, "created": self.created, "model": self.model,
+                "system_fingerprint": self.fingerprint}
 
+    def completion(self, text: str, result: Result) -> dict[str, Any]:
+        reason = FINISH.get(result.stop_reason, "stop")
+        if self.chat:
+            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
+                      "finish_reason": reason}
+        else:
+            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": reason}
+        return {**self._head("chat.completion" if self.chat else "text_completion"), "choices": [choice],
+                "usage": usage(result)}
 
-def usage_chunk(chat: bool, rid: str, model: str, result: Result) -> dict[str, Any]:
-    return {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion", "created": int(time.time()),
-            "model": model, "choices": [], "usage": usage(result)}
+    def chunk(self, text: str | None, finish: str | None = None, first: bool = False) -> dict[str, Any]:
+        if self.chat:
+            delta: dict[str, Any] = {"role": "assistant", "content": text or ""} if first else ({"content": text} if text else {})
+            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+        else:
+            choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+        return {**self._head("chat.completion.chunk" if self.chat else "text_completion"), "choices": [choice]}
+
+    def last_chunk(self, result: Result) -> dict[str, Any]:
+        return self.chunk(None, finish=FINISH.get(result.stop_reason, "stop"))
+
+    def usage_chunk(self, result: Result) -> dict[str, Any]:
+        return {**self._head("chat.completion.chunk" if self.chat else "text_completion"), "choices": [],
+                "usage": usage(result)}
 
 
 # -- errors ----------------------------------------------------------------------------

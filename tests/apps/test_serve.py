@@ -51,6 +51,22 @@ def test_openai_chat_whole_and_streamed_agree(client: OpenAI) -> None:
     assert usage is not None and usage.completion_tokens == whole.usage.completion_tokens
 
 
+def test_openai_response_shapes(client: OpenAI) -> None:
+    # What OpenAI's own responses carry: one id, created and system_fingerprint (the version that answered) for
+    # every chunk of a stream, the role in the first delta, the finish reason in the last choice chunk.
+    messages = [{"role": "user", "content": "Hi"}]
+    whole = client.chat.completions.create(model="default", messages=messages, max_tokens=3, extra_headers=NO_STORE)
+    assert whole.id.startswith("chatcmpl-") and isinstance(whole.created, int) and whole.created > 1.7e9
+    assert whole.system_fingerprint and whole.system_fingerprint.startswith("default@")
+    assert whole.choices[0].index == 0 and whole.choices[0].logprobs is None
+    chunks = list(client.chat.completions.create(model="default", messages=messages, max_tokens=3, stream=True,
+                                                 stream_options={"include_usage": True}, extra_headers=NO_STORE))
+    assert len({(c.id, c.created, c.system_fingerprint, c.object) for c in chunks}) == 1
+    assert chunks[0].system_fingerprint == whole.system_fingerprint and chunks[0].choices[0].delta.role == "assistant"
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 3
+    assert chunks[-2].choices[0].finish_reason == "length" and all(c.usage is None for c in chunks[:-1])
+
+
 def test_openai_completions_whole_and_streamed_agree(client: OpenAI) -> None:
     whole = client.completions.create(model="default", prompt=COUNT, max_tokens=12, temperature=0, extra_headers=NO_STORE)
     assert whole.object == "text_completion" and whole.choices[0].finish_reason == "length"
