@@ -1,13 +1,15 @@
 """OpenAI's request and response shapes: bodies checked into :class:`GenArgs`, results turned back into JSON.
 
 Checks name the JSON field and what is valid, as OpenAI's own 400s do. Fields OpenAI clients send that change
-nothing here (``user``, ``logit_bias`` of ``{}``...) are ignored; fields that would change the answer in a way
-this server cannot honour (``n`` > 1, ``logprobs``, tools) are refused rather than silently dropped.
+nothing here (``user``, ``logit_bias`` of ``{}``, unknown ones...) are ignored; fields that would change the answer
+in a way this server cannot honour (``n`` > 1, ``logprobs``, tools, ``logit_bias``, a JSON ``response_format``) are
+refused rather than silently dropped. ``max_completion_tokens`` (newer clients) is ``max_tokens``.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import secrets
 import time
 from dataclasses import dataclass, field
@@ -22,14 +24,22 @@ from runtime.generation import Result, Truncation
 from runtime.sampling import check
 
 SAMPLING_KEYS = ("max_tokens", "temperature", "top_p", "seed", "stop")
-REFUSED = {  # field -> (value that is fine, why another is refused)
-    "n": (1, "this server returns one choice: leave n out or set it to 1"),
-    "best_of": (1, "this server returns one choice: leave best_of out or set it to 1"),
-    "echo": (False, "echo is not supported"),
-    "logprobs": ((None, False), "logprobs are not supported"),
-    "tools": ((None, []), "tools are not supported"),
-    "functions": ((None, []), "functions are not supported"),
+REFUSED = {  # field -> (values that are fine besides null, why another is refused); compared with their JSON types
+    "n": ((1,), "this server returns one choice: leave n out or set it to 1"),
+    "best_of": ((1,), "this server returns one choice: leave best_of out or set it to 1"),
+    "echo": ((False,), "echo is not supported"),
+    "logprobs": ((False, 0), "logprobs are not supported"),
+    "top_logprobs": ((0,), "logprobs are not supported"),
+    "tools": (([],), "tools are not supported"),
+    "functions": (([],), "functions are not supported"),
+    "logit_bias": (({},), "logit_bias is not supported: leave it out or send {}"),
+    "response_format": (({"type": "text"},), "only {\"type\": \"text\"} is supported (no JSON mode or schema)"),
 }
+
+
+def _allowed(value: Any, fine: tuple[Any, ...]) -> bool:
+    """``value`` is null or one of ``fine`` with the same JSON type (true is not 1, 1.0 is not 1)."""
+    return value is None or any(type(value) is type(ok) and value == ok for ok in fine)
 
 
 class UnknownModel(BadInput):
@@ -76,8 +86,8 @@ def _flag(data: dict[str, Any], key: str) -> bool:
 
 
 def _common(data: dict[str, Any], max_tokens_cap: int) -> GenArgs:
-    for key, (ok, why) in REFUSED.items():
-        if key in data and data[key] not in (ok if isinstance(ok, tuple) else (ok,)):
+    for key, (fine, why) in REFUSED.items():
+        if not _allowed(data.get(key), fine):
             raise BadInput(f"{key}: {why}")
     if "model" not in data:
         raise BadInput("model is missing: name one of GET /v1/models")
@@ -87,17 +97,18 @@ def _common(data: dict[str, Any], max_tokens_cap: int) -> GenArgs:
         if not isinstance(options, dict):
             raise BadInput("stream_options must be an object like {\"include_usage\": true}")
         args.include_usage = _flag(options, "include_usage")
-    if data.get("max_completion_tokens") is not None and data.get("max_tokens") is None:
-        data = {**data, "max_tokens": data["max_completion_tokens"]}
     for key in SAMPLING_KEYS:
-        value = data.get(key)
+        field_name = key
+        if key == "max_tokens" and data.get("max_completion_tokens") is not None:  # newer clients' name for it
+            field_name = "max_completion_tokens"
+        value = data.get(field_name)
         if value is None:
             continue
         if key == "stop" and isinstance(value, str):
             value = [value]
-        args.sampling[key] = check(key, value, key)
-    if args.sampling.get("max_tokens", 0) > max_tokens_cap:
-        raise BadInput(f"max_tokens {args.sampling['max_tokens']} is over this server's limit of {max_tokens_cap}")
+        args.sampling[key] = check(key, value, field_name)
+        if key == "max_tokens" and value > max_tokens_cap:
+            raise BadInput(f"{field_name} {value} is over this server's limit of {max_tokens_cap}")
     if data.get("priority") is not None:
         if not isinstance(data["priority"], str):
             raise BadInput("priority must be one of urgent, interactive, batch")
@@ -270,7 +281,7 @@ def error_response(exc: BaseException) -> JSONResponse:
     status = status_of(exc)[0]
     headers = {}
     if isinstance(exc, QueueFull):
-        headers["Retry-After"] = str(max(1, round(exc.retry_after + 0.49)))  # whole seconds, rounded up, at least 1
+        headers["Retry-After"] = str(max(1, math.ceil(exc.retry_after)))  # whole seconds, rounded up, at least 1
     if isinstance(exc, Unauthorized):
         headers["WWW-Authenticate"] = "Bearer"
     return JSONResponse(error_body(exc), status_code=status, headers=headers)

@@ -1,0 +1,62 @@
+"""OpenAI request fields as real clients send them: accepted when they change nothing here, refused with one line
+naming the field when this server cannot honour them, never silently dropped. No server, no model."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from apps.server import openai_api as api
+from runtime.errors import BadInput, QueueFull
+
+CAP = 1000
+
+
+def _chat(**extra: object) -> api.GenArgs:
+    return api.parse_chat({"model": "m", "messages": [{"role": "user", "content": "hi"}], **extra}, CAP)
+
+
+@pytest.mark.parametrize("extra", [
+    {"n": None}, {"n": 1}, {"best_of": None}, {"echo": False}, {"logprobs": False}, {"logprobs": None},
+    {"top_logprobs": 0}, {"tools": []}, {"tools": None}, {"logit_bias": {}}, {"logit_bias": None},
+    {"response_format": {"type": "text"}}, {"user": "u-1"}, {"metadata": {"a": "b"}}, {"store": False},
+    {"unknown_field": 1},
+])
+def test_fields_that_change_nothing_are_accepted(extra: dict) -> None:
+    _chat(**extra)
+
+
+@pytest.mark.parametrize("extra", [
+    {"n": 2}, {"n": True}, {"n": 1.0}, {"best_of": 3}, {"echo": True}, {"logprobs": True}, {"top_logprobs": 3},
+    {"tools": [{"type": "function", "function": {"name": "f"}}]}, {"logit_bias": {"50256": -100}},
+    {"response_format": {"type": "json_object"}}, {"response_format": {"type": "json_schema", "json_schema": {}}},
+])
+def test_fields_this_server_cannot_honour_are_refused_by_name(extra: dict) -> None:
+    (name,) = extra
+    with pytest.raises(BadInput, match=f"^{name}: "):
+        _chat(**extra)
+
+
+def test_max_completion_tokens_is_max_tokens_and_errors_name_it() -> None:
+    assert _chat(max_completion_tokens=7).sampling["max_tokens"] == 7
+    assert _chat(max_tokens=5, max_completion_tokens=7).sampling["max_tokens"] == 7
+    with pytest.raises(BadInput, match=f"^max_completion_tokens {CAP + 1} is over this server's limit of {CAP}"):
+        _chat(max_completion_tokens=CAP + 1)
+    with pytest.raises(BadInput, match="^max_completion_tokens must be"):
+        _chat(max_completion_tokens="10")
+
+
+def test_stop_as_a_string_or_a_list_and_its_bounds() -> None:
+    assert _chat(stop="\n").sampling["stop"] == ("\n",)
+    assert _chat(stop=["a", "b"]).sampling["stop"] == ("a", "b")
+    for bad in (["x"] * 17, ["x" * 257], [""], [1]):
+        with pytest.raises(BadInput, match="^stop"):
+            _chat(stop=bad)
+
+
+@pytest.mark.parametrize("retry_after, header", [(0.0001, "1"), (1.0, "1"), (1.001, "2"), (2.5, "3")])
+def test_retry_after_is_whole_seconds_rounded_up(retry_after: float, header: str) -> None:
+    response = api.error_response(QueueFull("the interactive queue is full", retry_after))
+    assert response.status_code == 429 and response.headers["retry-after"] == header
+    assert json.loads(response.body)["error"]["code"] == "queue_full"
