@@ -32,7 +32,7 @@ def body_kind(content_type: str) -> str:
         return "vision"
     if media in WAV_TYPES:
         return "audio"
-    raise BadInput(f"Content-Type {media or '(none)'!r} cannot be classified: send an image (image/png, image/jpeg...) "
+    raise BadInput(f"Content-Type {media[:60] or '(none)'!r} cannot be classified: send an image (image/png, image/jpeg...) "
                    f"or a WAV file ({WAV_TYPES[0]})")
 
 

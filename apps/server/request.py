@@ -31,8 +31,13 @@ def route_model(state: Any, name: object) -> str:
 
 def priority_of(request: Request, body_value: str | None, key: ApiKey | None) -> Priority:
     """Header X-Priority, else the body's "priority", else interactive; never better than the key allows."""
-    text = request.headers.get("x-priority") or body_value
-    asked = Priority.parse(text) if text else Priority.INTERACTIVE
+    header = request.headers.get("x-priority")
+    text, where = (header, "X-Priority") if header else (body_value, "priority")
+    try:
+        asked = Priority.parse(text) if text else Priority.INTERACTIVE
+    except BadInput:  # the value shown shortened, so what is valid always fits the one-line error
+        valid = ", ".join(p.name.lower() for p in Priority)
+        raise BadInput(f"{where} {text[:40]!r} is not valid: use one of {valid}") from None
     best = key.max_priority if key is not None else Priority.URGENT
     return Priority(max(asked, best))  # a larger value is a lower class
 

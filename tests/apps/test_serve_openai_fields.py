@@ -60,3 +60,23 @@ def test_retry_after_is_whole_seconds_rounded_up(retry_after: float, header: str
     response = api.error_response(QueueFull("the interactive queue is full", retry_after))
     assert response.status_code == 429 and response.headers["retry-after"] == header
     assert json.loads(response.body)["error"]["code"] == "queue_full"
+
+
+def test_a_long_bad_value_is_shown_short_and_the_error_still_says_what_is_valid() -> None:
+    from starlette.requests import Request
+
+    from apps.server.classify import body_kind
+    from apps.server.request import priority_of
+
+    def request(headers: dict[str, str]) -> Request:
+        raw = [(k.lower().encode(), v.encode()) for k, v in headers.items()]
+        return Request({"type": "http", "method": "POST", "path": "/", "headers": raw, "query_string": b""})
+
+    long = "x" * 5000
+    for req, body, where in ((request({"X-Priority": long}), None, "X-Priority"), (request({}), long, "priority")):
+        response = api.error_response(pytest.raises(BadInput, priority_of, req, body, None).value)
+        message = json.loads(response.body)["error"]["message"]
+        assert message.startswith(where) and message.endswith("urgent, interactive, batch") and len(message) < 200
+    with pytest.raises(BadInput) as err:
+        body_kind("text/" + long)
+    assert "image/png" in api.error_body(err.value)["error"]["message"]
