@@ -50,6 +50,8 @@ bench: $(VENV)/.dev
 	$(PY) bench/vision.py
 	$(PY) bench/classifier_memory.py
 	$(PY) bench/audio.py
+	bash bench/anomalib_env.sh
+	$(PY) bench/kiosk.py --wait-quiet 600
 
 clean:
 	rm -rf $(VENV)
