@@ -66,11 +66,19 @@ class GenArgs:
         return {"messages": self.messages, "prompt": self.prompt, "truncate": self.truncate}
 
 
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON value")
+
+
 def parse_json(body: bytes) -> dict[str, Any]:
+    """The body as a JSON object; BadInput for anything else, however it fails (bad bytes, NaN, a number too long
+    for Python's int, nesting deeper than the parser's recursion)."""
     try:
-        data = json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise BadInput(f"the request body is not valid JSON ({exc})") from None
+        data = json.loads(body, parse_constant=_no_constant)
+    except RecursionError:
+        raise BadInput("the request body is not valid JSON here (nested too deeply)") from None
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, int digit limit, NaN/Infinity
+        raise BadInput(f"the request body is not valid JSON ({one_line(exc, 200)})") from None
     if not isinstance(data, dict):
         raise BadInput(f"the request body must be a JSON object, got {type(data).__name__}")
     return data

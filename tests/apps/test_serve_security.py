@@ -126,6 +126,19 @@ def test_bad_json_and_bad_fields_are_400_naming_the_field(keyed: LiveServer) -> 
         assert status == 400 and word in json.loads(body)["error"]["message"], (extra, body)
 
 
+@pytest.mark.parametrize("body", [b"[" * 100_000, b'{"model": "default", "seed": ' + b"9" * 5000 + b"}",
+                                  b'{"model": "default", "temperature": NaN}', b"\xff\xfe", b'"just a string"'])
+def test_hostile_json_is_a_400_not_a_500(body: bytes) -> None:
+    server = LiveServer(ServeConfig(models=[ModelEntry("default", "default")]), load=False)  # the default 1 MB cap
+    server.state.ready.set()
+    try:
+        status, _, answer = server.request("POST", "/v1/chat/completions", body)
+    finally:
+        server.stop()
+    error = json.loads(answer)["error"]
+    assert status == 400 and error["type"] == "invalid_request_error" and "JSON" in error["message"], answer[:300]
+
+
 def test_cors_is_off_unless_configured(keyed: LiveServer, tmp_path: Path) -> None:
     preflight = {"Origin": "http://evil.example", "Access-Control-Request-Method": "POST"}
     _, headers, _ = keyed.request("OPTIONS", "/v1/chat/completions", headers=preflight)
