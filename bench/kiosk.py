@@ -96,19 +96,20 @@ def _float_backbone(source, fmt, quant, cal_x, calib, work, model_path, *, nhwc=
 
 def teach_bundles(parts: Path, root: Path) -> dict[str, dict[str, Any]]:
     from converters.anomaly import teach as teach_mod
+    from converters.classifier import quantize  # teach imports build_quantized from here when it runs
 
     out = {}
     for name in ("INT8", "FP32"):
         opts = teach_mod.Options(good=parts / "teach" / "good", bad=parts / "teach" / "bad", out=root / f"parts-{name.lower()}",
                                  name="parts", version=name.lower())
-        real = teach_mod.build_quantized
+        real = quantize.build_quantized
         if name == "FP32":
-            teach_mod.build_quantized = _float_backbone
+            quantize.build_quantized = _float_backbone
         try:
             start = time.perf_counter()
             result = teach_mod.teach(opts)
         finally:
-            teach_mod.build_quantized = real
+            quantize.build_quantized = real
         out[name] = {"path": result.out, "report": result.report, "teach_s": time.perf_counter() - start}
         print(f"taught {name}: {time.perf_counter() - start:.0f} s, threshold {result.report['threshold']:.4g}",
               file=sys.stderr, flush=True)
