@@ -151,6 +151,7 @@ class Engine:
         tokens, keep = self._fit(tokens, params, keep, req.truncate, truncations)
         job = Job(payload=None, priority=Priority(req.priority), deadline=req.deadline, preemptible=req.preemptible)
         handle = GenHandle(job)
+        handle.truncations = list(truncations)  # known now (turns dropped, the prompt cut): a header can say so at once
         job.payload = SeqState(handle, req, tokens, params, keep, truncations)
         self.scheduler.submit(job)
         return handle

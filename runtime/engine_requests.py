@@ -58,6 +58,7 @@ class GenHandle:
 
     def __init__(self, job: Job) -> None:
         self.job = job
+        self.truncations: list[Truncation] = []  # what was cut to fit the slot, known at submit (shifts: in the result)
         self._queue: queue.SimpleQueue[Event] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._async: tuple[asyncio.AbstractEventLoop, asyncio.Queue[Event]] | None = None

@@ -232,6 +232,7 @@ def test_prompt_that_does_not_fit_a_slot(manual) -> None:
     with pytest.raises(BadInput, match=rf"the prompt has {len(long)} tokens but a slot holds 512"):
         eng.submit(GenRequest(long, eng.params(temperature=0.0, max_tokens=8)))
     handle = eng.submit(GenRequest(long, eng.params(temperature=0.0, max_tokens=8), truncate=True))
+    assert [t.kind for t in handle.truncations] == ["prompt"]  # known at once, before any text
     _drain(eng)
     result = handle.result(timeout=1)
     assert result.truncated and result.truncations[0].kind == "prompt"
