@@ -39,7 +39,7 @@ from starlette.routing import Route
 from apps.server import openai_api as api
 from apps.server.classify import classify
 from apps.server.generate import generate
-from apps.server.security import ApiKey, Forbidden, check_host
+from apps.server.security import ApiKey, Forbidden, check_host, check_origin
 from apps.server.state import ServerState
 from runtime.errors import BadInput, EdgerunError
 
@@ -56,6 +56,7 @@ def endpoint(handler: Handler, *, auth: bool = True, ready: bool = True, admin: 
         try:
             if not state.keys.required:
                 check_host(request, state.config.host)
+            check_origin(request, state.config.cors_origins)
             key = state.keys.authenticate(request) if auth else None
             if admin and (key is None or not key.admin):  # never open: without keys, any local process or web page could
                 raise Forbidden("the admin endpoints need an admin API key (a key marked 'admin' in --api-key-file)"

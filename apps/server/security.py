@@ -158,6 +158,16 @@ def check_host(request: Request, bound: str) -> None:
                         f"not to {host_name(given)[:100]!r}; use http://127.0.0.1:PORT, or give --api-key-file")
 
 
+def check_origin(request: Request, allowed: tuple[str, ...]) -> None:
+    """A browser says which page sent a request (Origin); only the configured CORS origins may. A page elsewhere
+    could otherwise make a visitor's browser POST to this server (a form's text/plain body needs no preflight):
+    its answer stays unreadable, but the work is done. Clients that are not browsers send no Origin."""
+    origin = request.headers.get("origin")
+    if origin is not None and origin not in allowed:
+        raise Forbidden(f"requests from web pages at {origin[:100]!r} are refused: list the origin in serve.toml's "
+                        "cors_origins to allow it")
+
+
 def check_model_name(name: object) -> str:
     """A model name from a request, checked like a store name before any lookup: it can never name a path."""
     if not isinstance(name, str):

@@ -156,6 +156,25 @@ def test_cors_is_off_unless_configured(keyed: LiveServer, tmp_path: Path) -> Non
         server.stop()
 
 
+def test_a_web_page_elsewhere_cannot_make_a_browser_post_to_the_server(tmp_path: Path) -> None:
+    # A form on any site can POST a text/plain body to 127.0.0.1 without a CORS preflight; the browser names the
+    # page in Origin. Only configured origins are served; clients that are not browsers send no Origin.
+    toml = tmp_path / "serve.toml"
+    toml.write_text('cors_origins = ["http://kiosk.local"]\n[[models]]\nref = "default"\n')
+    server = LiveServer(load_config(toml), load=False)
+    server.state.ready.set()
+    form = json.dumps({"model": "default", "messages": "not a list"}).encode()  # refused (400) once past the guard
+    try:
+        for origin, want in (("http://evil.example", 403), ("null", 403), ("http://kiosk.local", 400), (None, 400)):
+            headers = {"Content-Type": "text/plain", **({"Origin": origin} if origin else {})}
+            status, _, body = server.request("POST", "/v1/chat/completions", form, headers)
+            assert status == want, (origin, body)
+            if want == 403:
+                assert "cors_origins" in json.loads(body)["error"]["message"]
+    finally:
+        server.stop()
+
+
 def test_not_ready_is_503(tmp_path: Path) -> None:
     server = LiveServer(ServeConfig(models=[ModelEntry("default", "default")]), load=False)
     try:
