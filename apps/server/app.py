@@ -14,7 +14,10 @@ Request headers: ``Authorization: Bearer KEY`` (when keys are configured), ``X-P
 ``Cache-Control: no-store`` (skip the result cache). Response headers: ``X-Edgerun-Priority`` (the class served),
 ``X-Edgerun-Truncated: tokens=N, messages=M`` (what was dropped to fit the context; a stream's header carries the
 drops known before it starts, its final usage all of them), ``X-Edgerun-Cache: hit``, ``Retry-After`` on a 429.
-Statuses: 400 bad request (and content filter), 401 key, 403 not an admin key, 404 unknown model or route,
+Without API keys only requests addressed to localhost or a loopback address are answered (DNS rebinding); a request
+from a web page (``Origin``) only when its origin is in ``cors_origins``; the admin endpoints only with an admin key.
+Statuses: 400 bad request (and content filter), 401 key, 403 not an admin key, a foreign Host or Origin, 404 unknown
+model or route,
 413 body over the cap, 429 queue full, 503 not ready / does not fit, 504 deadline passed.
 """
 

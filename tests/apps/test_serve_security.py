@@ -59,6 +59,24 @@ def test_bind_rules() -> None:
         check_bind("::", load_keys(None))
 
 
+@pytest.mark.parametrize("addresses, loopback", [
+    (["127.0.0.1", "::1"], True), (["127.0.1.1"], True), (["127.0.0.1", "192.168.1.20"], False), (["10.0.0.5"], False),
+    (["fe80::1%eth0"], False), ([], False), (None, False),  # None: the name does not resolve
+])
+def test_a_host_name_is_loopback_only_when_every_address_it_resolves_to_is(monkeypatch: pytest.MonkeyPatch,
+                                                                            addresses: list[str] | None, loopback: bool) -> None:
+    def resolve(host: str, *args: object, **kwargs: object) -> list:
+        if addresses is None:
+            raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+        return [(socket.AF_INET6 if ":" in a else socket.AF_INET, socket.SOCK_STREAM, 6, "", (a, 0)) for a in addresses]
+
+    monkeypatch.setattr(socket, "getaddrinfo", resolve)
+    assert is_loopback("box.example") is loopback
+    if not loopback:
+        with pytest.raises(BadInput, match="without an API key"):
+            check_bind("box.example", load_keys(None))
+
+
 def test_keys_file_rules(tmp_path: Path) -> None:
     path = tmp_path / "keys"
     path.write_text(f"{KEY}\n{BATCH_KEY} batch admin\n")
