@@ -186,7 +186,11 @@ class Scheduler:
             best = self._best(now)
             if best is not None:
                 job, effective = best
-                self._queues[job.priority].popleft()
+                queue = self._queues[job.priority]
+                if queue[0] is job:
+                    queue.popleft()
+                else:  # a job ahead of it was cancelled (Job.cancel takes no lock) since the clean-up: left for the next
+                    queue.remove(job)
                 self._queued_ids.discard(job.id)
                 job.started_at, job.admitted_as = now, effective
         self._report(dropped)

@@ -301,3 +301,24 @@ def test_the_scheduler_and_batcher_use_no_http_and_no_asyncio_and_errors_stays_a
             assert top in allowed or imp.module in ("runtime.errors", "runtime.scheduler"), str(imp)
     assert all(imp.module.split(".")[0] in sys.stdlib_module_names and imp.module.split(".")[0] != "runtime"
                for imp in imports_of(ROOT / "runtime" / "errors.py", ROOT))
+
+
+def test_a_job_cancelled_while_pop_runs_is_not_served_in_place_of_the_one_chosen() -> None:
+    """Job.cancel() takes no lock: a head cancelled between pop's clean-up and its choice must not make pop take
+    out the wrong job (the cancelled one silently, the chosen one left queued to be served twice)."""
+    sched, _, dropped = _sched()
+    head, second = Job("head", INT), Job("second", INT)
+    sched.submit(head)
+    sched.submit(second)
+    clean_up = sched._take_out_dead
+
+    def then_another_thread_cancels_the_head(now: float) -> list:
+        out = clean_up(now)
+        head.cancel()  # the interleaving: another thread's cancel lands right after the clean-up
+        return out
+
+    sched._take_out_dead = then_another_thread_cancels_the_head
+    assert sched.pop().payload == "second"
+    sched._take_out_dead = clean_up
+    assert sched.pop() is None  # "second" was served once, not left queued
+    assert dropped == [("head", "cancelled")] and len(sched) == 0
