@@ -121,8 +121,11 @@ class ServerMetrics:
             self.tokens.labels(model, "prompt").inc(prompt_tokens)
         if completion_tokens:
             self.tokens.labels(model, "completion").inc(completion_tokens)
+            now = self.clock()
             with self._lock:
-                self._completions[model].append((self.clock(), completion_tokens))
+                events = self._completions[model]
+                events.append((now, completion_tokens))
+                self._prune(events, now)  # not only at scrape time: a server nobody scrapes keeps the window only
 
     def count_cache(self, cache: str, hit: bool, n: int = 1) -> None:
         if cache not in CACHES:
@@ -141,10 +144,13 @@ class ServerMetrics:
         out = {}
         with self._lock:
             for model, events in self._completions.items():
-                while events and events[0][0] < now - self.rate_window_s:
-                    events.popleft()
+                self._prune(events, now)
                 out[model] = sum(n for _, n in events) / span
         return out
+
+    def _prune(self, events: deque[tuple[float, int]], now: float) -> None:
+        while events and events[0][0] < now - self.rate_window_s:
+            events.popleft()
 
     def cache_counts(self) -> dict[tuple[str, str], int]:
         """{(cache, "hits"|"misses"): n}: this object's counts plus the ``caches`` source's."""

@@ -182,6 +182,17 @@ def test_tokens_per_second_over_the_window() -> None:
     assert rate == {(("model", "smol"),): 3.0}
 
 
+def test_the_tokens_per_second_window_stays_bounded_when_nobody_scrapes() -> None:
+    # A server that no Prometheus scrapes must not keep one record per request forever.
+    clock = Clock()
+    m = ServerMetrics(rss=None, temperature=None, rate_window_s=10.0, clock=clock)
+    for _ in range(5000):
+        clock.now += 0.1
+        m.observe_request(model="smol", version="1", priority="batch", status="ok", total_s=1, completion_tokens=1)
+    assert len(m._completions["smol"]) <= 101  # the last 10 s at 10 requests per second, not all 5000
+    assert m.tokens_per_second() == {"smol": pytest.approx(10.0, rel=0.02)}
+
+
 def test_each_instance_has_its_own_registry() -> None:
     a, b = ServerMetrics(rss=None, temperature=None), ServerMetrics(rss=None, temperature=None)
     a.count_blocked("input", "size")
