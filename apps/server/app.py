@@ -1,6 +1,6 @@
 """The Starlette app: routes, the API key check, OpenAI-shaped errors. Handlers stay thin: model work is runtime's.
 
-    GET  /v1/models                 the served models
+    GET  /v1/models                 the served models;  GET /v1/models/{model}  one of them
     POST /v1/chat/completions       OpenAI chat, whole or streamed (SSE)
     POST /v1/completions            OpenAI completions, whole or streamed
     POST /v1/classify?model=NAME    an image or a WAV body -> labels and scores
@@ -29,6 +29,7 @@ import logging
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
@@ -42,7 +43,7 @@ from starlette.routing import Route
 from apps.server import openai_api as api
 from apps.server.classify import classify
 from apps.server.generate import generate
-from apps.server.security import ApiKey, Forbidden, check_host, check_origin
+from apps.server.security import ApiKey, Forbidden, check_host, check_model_name, check_origin
 from apps.server.state import ServerState
 from runtime.errors import BadInput, EdgerunError
 
@@ -76,10 +77,22 @@ def endpoint(handler: Handler, *, auth: bool = True, ready: bool = True, admin: 
     return run
 
 
+def _model_card(state: ServerState, entry: Any) -> dict[str, Any]:
+    return {"id": entry.name, "object": "model", "created": 0, "owned_by": "edgerun",
+            "kind": state.models.kinds.get(entry.name, entry.kind)}
+
+
 async def list_models(request: Request, state: ServerState, key: ApiKey | None) -> Response:
-    data = [{"id": m.name, "object": "model", "created": 0, "owned_by": "edgerun",
-             "kind": state.models.kinds.get(m.name, m.kind)} for m in state.config.models]
-    return JSONResponse({"object": "list", "data": data})
+    return JSONResponse({"object": "list", "data": [_model_card(state, m) for m in state.config.models]})
+
+
+async def get_model(request: Request, state: ServerState, key: ApiKey | None) -> Response:
+    """GET /v1/models/{model}: one served model (OpenAI's models.retrieve), checked as a name first."""
+    name = check_model_name(request.path_params["model"])
+    entry = state.config.model(name)
+    if entry is None:
+        raise api.UnknownModel(f"model {name!r} is not served here; served: {', '.join(m.name for m in state.config.models)}")
+    return JSONResponse(_model_card(state, entry))
 
 
 async def chat_completions(request: Request, state: ServerState, key: ApiKey | None) -> Response:
@@ -145,6 +158,7 @@ def create_app(state: ServerState, *, load: bool = True) -> Starlette:
 
     routes = [
         Route("/v1/models", endpoint(list_models), methods=["GET"]),
+        Route("/v1/models/{model}", endpoint(get_model), methods=["GET"]),
         Route("/v1/chat/completions", endpoint(chat_completions), methods=["POST"]),
         Route("/v1/completions", endpoint(completions), methods=["POST"]),
         Route("/v1/classify", endpoint(classify), methods=["POST"]),

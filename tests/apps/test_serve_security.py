@@ -100,6 +100,19 @@ def test_wrong_or_missing_key_is_401(keyed: LiveServer, auth: str | None) -> Non
     assert status == 401
 
 
+def test_openai_client_retrieves_a_model_and_an_unknown_one_is_404(keyed: LiveServer) -> None:
+    import openai
+
+    client = openai.OpenAI(base_url=keyed.url + "/v1", api_key=KEY, max_retries=0)
+    model = client.models.retrieve("default")
+    assert (model.id, model.object, model.owned_by) == ("default", "model", "edgerun")
+    with pytest.raises(openai.NotFoundError) as err:
+        client.models.retrieve("nope")
+    assert err.value.body["code"] == "model_not_found"
+    status, _, body = keyed.request("GET", "/v1/models/a%5Cb", headers={"Authorization": f"Bearer {KEY}"})
+    assert status == 400 and "model name" in json.loads(body)["error"]["message"]
+
+
 def test_health_needs_no_key_and_the_right_key_passes(keyed: LiveServer) -> None:
     assert keyed.request("GET", "/healthz")[0] == 200
     status, _, body = keyed.request("GET", "/v1/models", headers={"Authorization": f"Bearer {KEY}"})
