@@ -10,7 +10,7 @@
 
 A key is the SHA-256 of the canonical JSON of (model version, parameters, input): any change to one
 of them is another key, so a new model version never answers from the old one's results. Bytes in
-the input (an image, a WAV) enter the key as their own SHA-256. Entries leave least recently used
+the input (an image, a WAV) enter the key as their own SHA-256, tagged as bytes. Entries leave least recently used
 first when the bytes would pass ``capacity_bytes``, and are refused by ``get`` once ``ttl_s`` has passed
 since they were put. Thread-safe.
 """
@@ -32,12 +32,14 @@ DEFAULT_TTL_S = 600.0
 
 
 def _canonical(value: Any) -> Any:
+    # Every JSON object made here has one tag key, "bytes" or "map", so bytes and a mapping that spells out their
+    # digest never share a form (nor a key).
     if isinstance(value, bytes | bytearray | memoryview):
-        return {"sha256": hashlib.sha256(value).hexdigest()}
-    if hasattr(value, "__dataclass_fields__"):  # SamplingParams and the like
-        return {f: _canonical(getattr(value, f)) for f in value.__dataclass_fields__}
+        return {"bytes": hashlib.sha256(value).hexdigest()}
+    if hasattr(value, "__dataclass_fields__"):  # SamplingParams and the like: as the mapping of its fields
+        return {"map": {f: _canonical(getattr(value, f)) for f in value.__dataclass_fields__}}
     if isinstance(value, Mapping):
-        return {str(k): _canonical(v) for k, v in value.items()}
+        return {"map": {str(k): _canonical(v) for k, v in value.items()}}
     if isinstance(value, list | tuple):
         return [_canonical(v) for v in value]
     if value is None or isinstance(value, bool | int | str):

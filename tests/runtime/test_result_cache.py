@@ -70,6 +70,18 @@ def test_the_key_changes_with_model_version_params_and_input() -> None:
     assert ResultCache.key("m", params, "x") != ResultCache.key("m", SamplingParams(max_tokens=9, stop=("\n",)), "x")
 
 
+def test_bytes_and_a_mapping_that_looks_like_their_digest_are_different_keys() -> None:
+    # Otherwise a request whose JSON input is {"sha256": <an image's digest>} is cached under that image's key, and
+    # the image's requests are answered with its result (and the other way round).
+    import hashlib
+
+    image = b"\x89PNG..."
+    lookalike = {"sha256": hashlib.sha256(image).hexdigest()}
+    assert ResultCache.key("m", {}, image) != ResultCache.key("m", {}, lookalike)
+    assert ResultCache.key("m", {}, [image]) != ResultCache.key("m", {}, [lookalike])
+    assert ResultCache.key("m", {"x": image}, "") != ResultCache.key("m", {"x": lookalike}, "")
+
+
 @pytest.mark.parametrize("bad", [float("nan"), {1, 2}, object()])
 def test_values_without_a_canonical_form_are_refused(bad) -> None:
     with pytest.raises(BadInput, match="result cache: cannot key"):
