@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import signal
+import sys
 from pathlib import Path
 
 from apps.cli.flags import integer, number
@@ -57,7 +58,14 @@ def main(args: argparse.Namespace) -> int:
                          (signal.SIGHUP, lambda *_: kiosk.request_reload())):
         handlers[sig] = signal.signal(sig, handler)
     try:
-        summary = kiosk.run()
+        kiosk.start()
+        if kiosk.dashboard is not None:
+            print(f"edgerun: kiosk dashboard on {kiosk.dashboard.url}", file=sys.stderr, flush=True)
+        try:
+            kiosk.wait()
+        finally:
+            kiosk.close()
+        summary = kiosk.summary()
     finally:
         for sig, old in handlers.items():
             signal.signal(sig, old)

@@ -90,3 +90,27 @@ def teach_bundle(data: Path, out: Path, version: str = "1") -> Path:
     w[:, 1] = clf.coef_[0]
     b = np.array([0.0, clf.intercept_[0]])
     return write_bundle(out, version, w, b)
+
+
+def teach_anomaly(parts: Path, out: Path) -> Path:
+    """An anomaly bundle from ``edgerun kiosk teach``: the teach split's good images plus the good frames of a belt
+    video of ANOTHER seed, decoded from the mp4 as the kiosk reads them (the codec moves patch features: an operator
+    collects good parts from the line itself), tuned by the teach split's bad images. The tests' video is never seen."""
+    from apps.cli import main
+    from apps.kiosk.sources import VideoSource
+    from scripts.make_parts import _png as png
+    from scripts.make_parts import write_video
+
+    good = out.parent / "teach-good"
+    good.mkdir(parents=True)
+    for p in sorted((parts / "teach" / "good").glob("*.png")):
+        (good / p.name).write_bytes(p.read_bytes())
+    video = write_video(out.parent / "other-belt.mp4", seed=DATA["seed"] + 1, size=DATA["size"],
+                        n_parts=DATA["video_parts"], frames_per_part=DATA["frames_per_part"])
+    with VideoSource(video) as frames:
+        for part in frames:
+            if part.label == "good":
+                (good / f"belt_{part.seq:03d}.png").write_bytes(png(part.image))
+    rc = main(["kiosk", "teach", "--good", str(good), "--bad", str(parts / "teach" / "bad"), "--out", str(out), "--json"])
+    assert rc == 0, f"kiosk teach exited {rc}"
+    return out
