@@ -40,9 +40,14 @@ CARRY_CHARS = 2 * MAX_WORD_CHARS  # of such a forced cut, checked again with the
 # A sentence ends at . ! ? (or their CJK forms) followed by whitespace, or at a line break. "3.14" and "e.g.x"
 # do not end one; the end of the stream always does.
 _SENTENCE_END = re.compile(r"(?:[.!?…。！？]+[\"')\]»”’]*\s+|\n+)")
-# Characters that render as nothing (zero-width space, joiners, soft hyphen...) are dropped before matching,
-# so "b\u200bad" cannot slip past a blocklist entry "bad".
-_INVISIBLE = {ord(c): None for c in ("\u00ad", "\u200b", "\u200c", "\u200d", "\u2060", "\ufeff")}
+# Characters that render as nothing are dropped before matching, so "b\u200bad" cannot slip past a blocklist entry
+# "bad": every format character (category Cf: zero-width space and joiners, soft hyphen, bidi controls, invisible
+# operators, tags...) and the other default-ignorable ones (combining grapheme joiner, Hangul fillers, variation
+# selectors). Cf characters lie in planes 0, 1 and 14 only, so only those are scanned.
+_INVISIBLE = {cp: None for cp in (*range(0x20000), *range(0xE0000, 0xE1000))
+              if unicodedata.category(chr(cp)) == "Cf"}
+_INVISIBLE.update({cp: None for cp in (0x034F, 0x115F, 0x1160, 0x17B4, 0x17B5, 0x180B, 0x180C, 0x180D, 0x180F,
+                                       0x3164, 0xFFA0, *range(0xFE00, 0xFE10), *range(0xE0100, 0xE01F0))})
 
 
 def normalize(text: str) -> str:

@@ -61,6 +61,21 @@ def test_blocklist_whole_words_case_insensitive(text: str, blocked: bool) -> Non
         chain.check_input(text)
 
 
+@pytest.mark.parametrize("invisible", [
+    "\u2062",      # invisible times (a format character, like the zero-width space)
+    "\u2066",      # a bidi isolate
+    "\u180e",      # Mongolian vowel separator
+    "\U000e0062",  # a tag character
+    "\u034f",      # combining grapheme joiner (not a format character, but default-ignorable)
+    "\ufe0f",      # a variation selector
+])
+def test_every_character_that_renders_as_nothing_is_ignored_not_only_a_listed_few(invisible: str) -> None:
+    chain = FilterChain([Blocklist(["bad"])])
+    with pytest.raises(Blocked):
+        chain.check_input(f"b{invisible}ad idea")
+    assert _stream(chain, [f"so b{invisible}", "ad. "])[1] is not None
+
+
 def test_size_limit_blocks_with_the_count_and_the_limit() -> None:
     chain = FilterChain([SizeLimit(10)])
     chain.check_input("x" * 10)
