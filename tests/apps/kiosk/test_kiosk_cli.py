@@ -16,9 +16,11 @@ from pathlib import Path
 import pytest
 
 from apps.cli import main
-from tests.apps.kiosk.test_kiosk_e2e import Line, bundle, parts  # noqa: F401  (session fixtures)
+from tests.apps.kiosk.test_dashboard import browser, text  # noqa: F401  (session fixture)
+from tests.apps.kiosk.test_kiosk_e2e import Line, anomaly, bundle, parts  # noqa: F401  (session fixtures)
 
 REPO = Path(__file__).resolve().parents[3]
+SCREENSHOT = REPO / "artifacts" / "kiosk-run.png"
 
 
 @pytest.fixture
@@ -109,3 +111,38 @@ def test_sigterm_stops_a_running_kiosk_cleanly(tmp_path: Path, line: Line, parts
     assert [s for (s,) in db.execute("SELECT seq FROM parts ORDER BY seq")] == list(range(1, n + 1))
     db.close()
     assert sorted(m.seq for _, m in line.applied()) == list(range(1, n + 1))
+
+
+@pytest.mark.slow
+def test_kiosk_on_the_belt_video_with_the_plc_peer_and_the_dashboard_in_chromium(
+        tmp_path: Path, line: Line, parts: Path, anomaly: Path, browser) -> None:  # noqa: F811
+    """The issue's "done when": `edgerun kiosk` on the generated belt video with the anomaly bundle `kiosk teach`
+    built, the PLC peer on a pty and the dashboard open in headless Chromium: every part one decision, acknowledged."""
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    argv = ["--source", str(parts / "belt.mp4"), "--model", str(anomaly), "--plc", line.a.url, "--port", "0",
+            "--rate", "4", "--deadline-ms", "2000", "--audit-db", str(tmp_path / "audit.db"),
+            "--plc-journal", str(tmp_path / "journal.db")]
+    proc = subprocess.Popen([sys.executable, "-m", "apps", "kiosk", *argv], cwd=REPO, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        url = None
+        for err_line in proc.stderr:  # the first thing it says: where the dashboard is
+            if "kiosk dashboard on " in err_line:
+                url = err_line.split("kiosk dashboard on ", 1)[1].strip()
+                break
+        assert url and url.startswith("http://127.0.0.1:"), url
+        browser.get(url)
+        WebDriverWait(browser, 30).until(lambda d: text(d, "parts").isdigit() and int(text(d, "parts")) >= 8)
+        assert text(browser, "plc").startswith("connected")
+        assert text(browser, "model").startswith("anomaly ")
+        SCREENSHOT.parent.mkdir(exist_ok=True)
+        assert browser.save_screenshot(str(SCREENSHOT))
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err
+    assert out.startswith("kiosk: 36 parts in ") and "PLC backlog 0" in out, out
+    assert sorted(m.seq for _, m in line.applied()) == list(range(1, 37))
