@@ -38,9 +38,19 @@ from runtime.errors import BadInput, one_line
 
 log = logging.getLogger(__name__)
 
-MODEL_NAME = "kiosk"  # the residency manager's name for the deciding model
+MODEL_NAME = "kiosk"  # the residency manager's name for the deciding model when its bundle's name is not a store name
 MAX_HELD_IMAGES = 4096  # frames kept for the audit trail until their part is decided (bounded by the queue anyway)
 PLC_DRAIN_S = 5.0  # at shutdown, how long to wait for the PLC to acknowledge what is journaled
+
+
+def residency_name(name: str) -> str:
+    from runtime.store import check_ref
+
+    try:
+        check_ref(name)
+    except BadInput:
+        return MODEL_NAME
+    return name
 
 
 def usable_cpus() -> int:
@@ -89,6 +99,8 @@ class Kiosk:
         self._ended_at: float | None = None
         self._closed = False
         self.ref = config.model
+        self.model_name = MODEL_NAME  # the residency manager's name for it
+        self.deciding_name = ""  # the deciding bundle's own name (its manifest's)
         self._plc_final: dict[str, Any] | None = None
 
     # -- start ---------------------------------------------------------------------------------------------------
@@ -104,17 +116,18 @@ class Kiosk:
         token = load_token(cfg.token_file) if cfg.dashboard and cfg.token_file is not None else None
         if cfg.dashboard:
             check_bind(cfg.host, token)
-        kind = resolve(cfg.model).manifest.kind.value
+        manifest = resolve(cfg.model).manifest
+        kind = manifest.kind.value
         if kind not in ("vision", "anomaly"):
             raise BadInput(f"--model {cfg.model}: a {kind} bundle cannot decide parts; give a vision or anomaly bundle")
         try:
-            self._open(policy, kind, token)
+            self._open(policy, kind, token, residency_name(manifest.name))
         except BaseException:
             self.close()
             raise
         return self
 
-    def _open(self, policy: Any, kind: str, token: str | None) -> None:
+    def _open(self, policy: Any, kind: str, token: str | None, name: str) -> None:
         from apps.kiosk.adapters import identity
         from apps.kiosk.audit import AuditTrail, default_db_path
         from apps.kiosk.pipeline import Pipeline
@@ -131,16 +144,17 @@ class Kiosk:
             options["capture_factory"] = self.capture_factory
         self.source = open_source(cfg.source, watch=cfg.watch, **options)
         self.residency = ResidencyManager(cfg.memory or default_budget(), loaders={**default_loaders(), **(self.loaders or {})})
-        self.residency.add(ModelSpec(MODEL_NAME, cfg.model, kind, pinned=True, keep_alive_s=None,
+        self.model_name = name  # fail-safe decisions name it too, so the audit trail shows one model
+        self.residency.add(ModelSpec(name, cfg.model, kind, pinned=True, keep_alive_s=None,
                                      options={"threads": self.threads["model"], "batch": cfg.batch, "target": cfg.target}))
-        self.pipeline = Pipeline(MODEL_NAME, self.residency, policy, deadline_ms=cfg.deadline_ms, max_queue=cfg.max_queue,
+        self.pipeline = Pipeline(name, self.residency, policy, deadline_ms=cfg.deadline_ms, max_queue=cfg.max_queue,
                                  max_batch=cfg.batch, max_wait_ms=cfg.max_wait_ms, on_decision=self._on_decision)
-        with self.residency.acquire(MODEL_NAME) as model:
+        with self.residency.acquire(name) as model:
             classes = tuple(getattr(model, "labels", ()) or ())
-            name, version, _ = identity(model)
+            self.deciding_name, version, _ = identity(model)
         self.plc = PlcOut.open(cfg.plc, journal=cfg.plc_journal, classes=classes)
         self.audit = AuditTrail(cfg.audit_db or default_db_path(), quota_bytes=cfg.audit_quota, pass_sample=cfg.pass_sample)
-        self.state = KioskState(model=name, version=version, temperature=self.temperature or board_temperature_c)
+        self.state = KioskState(model=self.deciding_name, version=version, temperature=self.temperature or board_temperature_c)
         if cfg.dashboard:
             from apps.kiosk.dashboard import serve_dashboard
 
@@ -219,8 +233,9 @@ class Kiosk:
     def _model_name(self) -> str:
         from apps.kiosk.adapters import identity
 
-        with self.residency.acquire(MODEL_NAME) as model:
-            return identity(model)[0]
+        with self.residency.acquire(self.model_name) as model:
+            self.deciding_name = identity(model)[0]
+        return self.deciding_name
 
     def promote(self) -> str:
         version = self.pipeline.promote()
@@ -332,7 +347,7 @@ class Kiosk:
         plc = self._plc_final or (self.plc.state().to_dict() if self.plc is not None and not self._closed
                                                     else None)
         return {
-            "source": self.config.source, "model": self.state.model if self.state is not None else "",
+            "source": self.config.source, "model": self.deciding_name,
             "version": stats.get("version", ""),
             "placement": stats.get("placement", ""), "threads": self.threads,
             "parts": self.captured, "decided": decided, "undecided": self.captured - decided,

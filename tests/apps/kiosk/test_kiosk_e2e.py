@@ -106,6 +106,7 @@ def exactly_once(summary: dict, rows: list[dict], line: Line, n: int) -> None:
     """Seq 1..n decided once each, in the audit trail and at the PLC (in order), every result acknowledged."""
     assert (summary["parts"], summary["decided"], summary["undecided"], summary["twice"]) == (n, n, 0, [])
     assert sorted(r["seq"] for r in rows) == list(range(1, n + 1))
+    assert {r["model"] for r in rows} == {summary["model"]}  # fail-safe rows name the deciding bundle too
     got = line.applied()
     assert [s for s, _ in got] == list(range(1, n + 1)), "a frame lost, repeated or out of order at the PLC"
     # each part once; in decision order (a corrupt frame's fail-safe is decided before the parts queued ahead of it)
