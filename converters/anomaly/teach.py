@@ -53,11 +53,15 @@ HOLD_OUT_EVERY = 4  # good images 3, 7, 11, ... (25 %) calibrate the threshold a
 MIN_HELD_OUT = 4
 MAX_IMAGES = 2000  # per set: the features of 2000 images at 128 px are 300 MB of float32
 MIN_FEATURE_COSINE = 0.90  # per-patch cosine of INT8 vs float features, mean over the held-out patches
-DEFAULT_SIZE = 128
-# Rings of patches left out at the grid's edge: on the generated parts (scripts/make_parts.py, 60 teaching images)
-# the image AUROC of scratch/spot/bent_edge went 0.62/0.54/0.57 with none, 0.66/0.79/0.81 with 1, 0.93/0.98/0.99 with 2
-# (float features, 128 px): the edge patches see zero padding and belt texture that differs in every image.
-DEFAULT_BORDER = 2
+# Input side and the rings of patches left out at the grid's edge, measured on the generated parts
+# (scripts/make_parts.py, 96 px images, float features, image AUROC against 40 new good parts):
+# * border, at 128 px (16x16 grid), 60 teaching images: scratch/spot/bent_edge 0.62/0.54/0.57 with none,
+#   0.66/0.79/0.81 with 1 ring, 0.93/0.98/0.99 with 2: the edge patches see the convolutions' zero padding and
+#   belt texture that differs in every image, and scored higher than the defects;
+# * size, 30 teaching images, coreset 0.25: scratch 0.87 at 128 px (border 2), 0.95 at 160 (3), 0.94-0.95 at 192
+#   (3-4); the rest 0.97-1.0 throughout. 160 px: the thin scratches reach a patch, at 1.6x the cost of 128.
+DEFAULT_SIZE = 160
+BORDER_FRACTION = 0.15  # of the grid's side, per side: 2 rings at 128 px, 3 at 160, 4 at 192
 PROJECTION_DIM = 128  # the coreset's distances are taken on a random projection this wide (PatchCore's)
 BATCH = 16
 
@@ -72,7 +76,7 @@ class Options:
     seed: int = 0
     backbone: str = backbones.DEFAULT_BACKBONE
     size: int = DEFAULT_SIZE
-    border: int = DEFAULT_BORDER
+    border: int | None = None  # None: BORDER_FRACTION of the grid
     rounding: Rounding = Rounding.GPTQ
     name: str | None = None
     version: str | None = None
@@ -110,7 +114,7 @@ def check_options(opts: Options) -> None:
         raise BadInput(f"--seed {opts.seed} must be a whole number >= 0")
     if opts.size % 16 or not 32 <= opts.size <= 1024:
         raise BadInput(f"size {opts.size} must be a multiple of 16 in 32..1024 (the backbone's stride-16 grid)")
-    if not isinstance(opts.border, int) or not 0 <= 2 * opts.border < opts.size // STRIDE:
+    if opts.border is not None and (not isinstance(opts.border, int) or not 0 <= 2 * opts.border < opts.size // STRIDE):
         raise BadInput(f"border {opts.border} must be 0..{(opts.size // STRIDE - 1) // 2} rings of patches at size {opts.size}")
     backbones.find(opts.backbone)
     check_output(opts.out, None)
@@ -175,7 +179,8 @@ def choose_threshold(good: np.ndarray, bad: np.ndarray, false_reject: float) -> 
     n = len(s)
     allowed = int(math.floor(false_reject * n + 1e-9))
     accepted_max = s[n - allowed - 1]
-    empirical = float(np.nextafter(accepted_max, np.inf))
+    # the next float32 above it: scores are float32, and a float64 step above one rounds back to it in a comparison
+    empirical = float(np.nextafter(np.float32(accepted_max), np.float32(np.inf)))
     logs = np.log(np.maximum(s, 1e-12))
     fitted = float(np.exp(logs.mean() + NormalDist().inv_cdf(1 - false_reject) * max(logs.std(ddof=1), 1e-6)))
     from_good = max(empirical, fitted)
@@ -277,7 +282,8 @@ def _teach(opts: Options, entry: backbones.Backbone, zoo_entry: Any, spec: Visio
     if grid != opts.size // STRIDE or channels != entry.channels:
         raise BadInput(f"the backbone gives a {grid}x{grid}x{channels} grid, expected {opts.size // STRIDE}x{opts.size // STRIDE}"
                        f"x{entry.channels}")
-    keep = inner(grid, opts.border)
+    border = opts.border if opts.border is not None else round(BORDER_FRACTION * grid)
+    keep = inner(grid, border)
     teach_f, held_f = teach_f[:, keep], held_f[:, keep]
     bad_f = bad_f[:, keep] if bad_f is not None else None
     patches = teach_f.reshape(-1, channels)
@@ -307,7 +313,7 @@ def _teach(opts: Options, entry: backbones.Backbone, zoo_entry: Any, spec: Visio
         head_name = "head.npy"
     report = {
         "backbone": entry.name, "layers": f"blocks {entry.layer2} and {entry.layer3} (stride 8 and 16), 3x3 average, concatenated",
-        "size": opts.size, "grid": grid, "border": opts.border, "channels": channels,
+        "size": opts.size, "grid": grid, "border": border, "channels": channels,
         "good_images": len(good_files), "teach_images": int((~held).sum()), "held_out_good": int(held.sum()),
         "bad_images": len(bad_files), "patches": int(len(patches)), "bank_rows": int(len(bank)), "coreset": opts.coreset,
         "seed": opts.seed, "recipe": choice.quant.value, "rounding": choice.rounding, "feature_gate": feature_gate,
@@ -324,7 +330,7 @@ def _teach(opts: Options, entry: backbones.Backbone, zoo_entry: Any, spec: Visio
     files.append(("report", bundle / "report.json"))
     anomaly = AnomalySpec(backbone=entry.name, grid=grid, channels=channels, bank="bank.npy", bank_rows=len(bank),
                           bank_dtype="float32", threshold=threshold, false_reject=opts.false_reject, coreset=opts.coreset,
-                          head=head_name, border=opts.border)
+                          head=head_name, border=border)
     vision = replace(spec, input=io[0], output=io[1], quantization=choice.quant.value, arena_bytes=arena)
     digest = hashlib.sha256(bank.tobytes() + np.float64(threshold).tobytes()).hexdigest()[:12]
     manifest = make_manifest(ModelKind.ANOMALY, Format.TFLITE, opts.name or name_from(opts.out.name.removesuffix(".edgerun")),

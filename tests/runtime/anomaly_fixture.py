@@ -1,6 +1,7 @@
 """One anomaly bundle taught per test session from the generated parts (scripts/make_parts.py), through
 ``edgerun kiosk teach`` in-process: the good images alone, plus the taught defect types for a second, supervised
-bundle. Import :func:`taught` (and :func:`taught_supervised`) into a test module to use them."""
+bundle. Import :func:`parts_data` and :func:`taught` (and :func:`taught_supervised`) into a test module to use them:
+each module that imports them gets its own fixture definitions, so what they make is cached here, once per process."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from pathlib import Path
 import pytest
 
 SIZE = 96  # pixels per side of the generated images
-N_GOOD, N_BAD = 80, 16  # per category; half of the good and of each taught defect teach, the rest test
+N_GOOD, N_BAD = 100, 32  # per category; half of the good and of each taught defect teach, the rest test
 TAUGHT = ("scratch", "spot", "missing_hole")
 UNSEEN = ("wrong_color", "bent_edge")
 
@@ -37,20 +38,29 @@ class Taught:
         return sorted((self.data / "test" / "bad" / defect).glob("*.png"))
 
 
+_MADE: dict[str, object] = {}
+
+
 @pytest.fixture(scope="session")
 def parts_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    if "data" in _MADE:
+        return _MADE["data"]  # type: ignore[return-value]
     root = tmp_path_factory.mktemp("parts") / "data"
     make_parts().write_dataset(root, seed=0, size=SIZE, n_good=N_GOOD, n_bad=N_BAD, teach_defects=TAUGHT,
                                teach_fraction=0.5, video_parts=0)
+    _MADE["data"] = root
     return root
 
 
 def _teach(data: Path, out: Path, *extra: str) -> Taught:
     from apps.cli import main
 
+    if out.name in _MADE:
+        return _MADE[out.name]  # type: ignore[return-value]
     code = main(["kiosk", "teach", "--good", str(data / "teach" / "good"), "--out", str(out), "--name", "parts", *extra])
     report = json.loads((out / "report.json").read_text()) if code == 0 else {}
-    return Taught(data, out, report, code)
+    _MADE[out.name] = Taught(data, out, report, code)
+    return _MADE[out.name]  # type: ignore[return-value]
 
 
 @pytest.fixture(scope="session")

@@ -17,7 +17,7 @@ from runtime import anomaly
 from runtime.bundle import FileEntry, Manifest, ModelKind, VisionSpec
 from runtime.errors import BadInput
 from runtime.specs.anomaly import AnomalySpec
-from tests.runtime.anomaly_fixture import taught  # noqa: F401  (session fixture)
+from tests.runtime.anomaly_fixture import parts_data, taught  # noqa: F401  (session fixtures)
 
 SHA = "0" * 64
 
@@ -52,6 +52,7 @@ def test_anomaly_section_round_trips() -> None:
     ("coreset", 0, "coreset"), ("coreset", 1.5, "coreset"),
     ("head", "../head.npy", "head"), ("head", ["h"], "head"), ("head_threshold", 1.5, "head_threshold"),
     ("backbone", "Bad Name\n", "backbone"), ("backbone", "x" * 200, "backbone"),
+    ("border", -1, "border"), ("border", 8, "border"), ("border", True, "border"), ("border", 1.0, "border"),
 ])
 def test_hostile_anomaly_values_are_refused(field: str, value: object, match: str) -> None:
     data = manifest_dict()
@@ -234,3 +235,12 @@ def test_a_vision_bundle_is_not_an_anomaly_detector(tmp_path: Path) -> None:
     m = Manifest.from_dict(data)
     with pytest.raises(BadInput, match="AnomalyDetector takes anomaly bundles"):
         anomaly.plan_anomaly(m, 1 << 30)
+
+
+@pytest.mark.parametrize("rate", [0.1, 0.2])
+def test_threshold_holds_for_float32_scores(rate: float) -> None:
+    # the detector's scores are float32: a threshold one float64 step above a score rounds back onto it, and that
+    # score would count as a rejection (here the empirical threshold decides: the top scores stand apart)
+    good = np.array([3.0] * 7 + [3.5, 3.6, 3.7], np.float32)
+    threshold, how = choose_threshold(good, np.zeros(0, np.float32), rate)
+    assert threshold == how["empirical"] and (good >= threshold).sum() == how["rejections_allowed"] == round(rate * 10)
