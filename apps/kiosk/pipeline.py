@@ -229,7 +229,7 @@ class Pipeline:
         latency = {"capture": ticket.submitted - part.t_capture, "queue": leased - ticket.submitted,
                    "preprocess": t_prep - leased, "infer": t_infer - t_prep, "decide": now - t_infer,
                    "total": now - part.t_capture}
-        decision = Decision(part.seq, part.frame_id, ruling.verdict, ruling.reason, part.label, ruling.score,
+        decision = Decision(part.seq, part.frame_id, ruling.verdict, ruling.reason, ruling.label, ruling.score,
                             ruling.confidence, False, result.model, result.version,
                             {k: round(v * 1000.0, 3) for k, v in latency.items()}, result.heatmap)
         if not self._decide(ticket, decision):
@@ -241,7 +241,7 @@ class Pipeline:
         now = time.monotonic()
         part = ticket.part
         latency = {"capture": ticket.submitted - part.t_capture, "total": now - part.t_capture}
-        decision = Decision(part.seq, part.frame_id, Verdict.REJECT, f"{key}: {detail}", part.label, 0.0, 0.0, True,
+        decision = Decision(part.seq, part.frame_id, Verdict.REJECT, f"{key}: {detail}", None, 0.0, 0.0, True,
                             model or self.model_name, version if version is not None else self._version,
                             {k: round(v * 1000.0, 3) for k, v in latency.items()})
         if self._decide(ticket, decision, failsafe=key):

@@ -66,14 +66,17 @@ def test_normal_load_one_right_decision_per_part(bundles: dict[str, Path]) -> No
     try:
         colors = ["good", "scratch", "spot", "grey"] * 10
         for seq, color in enumerate(colors):
-            line.pipeline.submit(part(seq, color))
+            # the source's ground truth is kept out of the decision: the PLC and the audit get the model's class
+            line.pipeline.submit(part(seq, color, label=f"truth-{color}"))
             time.sleep(0.002)
         got = exactly_once(line, len(colors))
     finally:
         line.close()
     for seq, color in enumerate(colors):
         d = got[seq]
-        assert (d.verdict, d.failsafe, d.label, d.model, d.version) == (EXPECTED[color], False, color, "parts", "1")
+        decided = d.label if color == "grey" else color  # grey: no class called; the label is the top class
+        assert (d.verdict, d.failsafe, d.label, d.model, d.version) == (EXPECTED[color], False, decided, "parts", "1")
+        assert not (d.label or "").startswith("truth-")
         assert set(d.latency_ms) == {"capture", "queue", "preprocess", "infer", "decide", "total"}
         assert d.latency_ms["total"] >= d.latency_ms["infer"] >= 0
     assert got[0].reason.startswith("good 1.00") and got[1].reason.startswith("scratch 1.00")
