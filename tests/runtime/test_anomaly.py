@@ -244,3 +244,15 @@ def test_threshold_holds_for_float32_scores(rate: float) -> None:
     good = np.array([3.0] * 7 + [3.5, 3.6, 3.7], np.float32)
     threshold, how = choose_threshold(good, np.zeros(0, np.float32), rate)
     assert threshold == how["empirical"] and (good >= threshold).sum() == how["rejections_allowed"] == round(rate * 10)
+
+
+def test_residency_refuses_a_vision_bundle_as_anomaly(tmp_path: Path) -> None:
+    from runtime.residency import ModelSpec, ResidencyManager
+    from tests.apps.kiosk.kiosk_models import kiosk_bundle
+
+    bundle = kiosk_bundle(tmp_path / "vision", "v1")
+    with ResidencyManager(1 << 30) as rm:
+        with pytest.raises(BadInput, match="is a vision bundle, not kind 'anomaly'"):
+            rm.add(ModelSpec("parts", str(bundle), "anomaly"))
+        with pytest.raises(BadInput, match="AnomalyDetector takes anomaly bundles"):
+            anomaly.AnomalyDetector.load(str(bundle))
