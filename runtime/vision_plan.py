@@ -72,7 +72,7 @@ class ClassifierPlan:
         rows = [
             ("weights (model files)", self.weights_bytes),
             (f"arena (batch {self.batch}{'' if self.arena_measured else ', estimated'})", self.arena_bytes),
-            ("inputs (clips, reading, one segment)", self.input_bytes),
+            ("inputs (audio: clips, one segment; anomaly: bank, search)", self.input_bytes),
             (f"runtime ({self.backend}{'' if self.runtime_bytes == RUNTIME_BYTES[BackendName(self.backend)] else ' + ort'})",
              self.runtime_bytes),
             ("total", self.total_bytes),

@@ -42,7 +42,11 @@ def main(args: argparse.Namespace) -> int:
         spec = model.manifest.audio
         files = ["weights"] if spec is None else ["weights", *spec.frontend_files]
         model_bytes = sum(model.manifest.file(f).size if f == "weights" else model.file(f).stat().st_size for f in files)
-        if spec is None:
+        if kind is ModelKind.ANOMALY:  # as AnomalyDetector.load plans it: the memory bank and the distance search too
+            from runtime.anomaly import plan_anomaly
+
+            plan = plan_anomaly(model.manifest, budget, batch=args.batch or 1)
+        elif spec is None:
             plan = plan_classifier(model.manifest, model_bytes, budget, batch=args.batch or 1)
         else:  # as AudioClassifier.load plans it: a segment's windows and working set (input files not known here)
             from runtime.audio_classifier import SEGMENT_WINDOWS, segment_bytes

@@ -157,7 +157,7 @@ def test_upsample_keeps_where_the_peak_is() -> None:
 
 
 @pytest.mark.slow
-def test_taught_bundle_loads_through_planner_and_backend(taught) -> None:  # noqa: F811
+def test_taught_bundle_loads_through_planner_and_backend(taught, capsys: pytest.CaptureFixture[str]) -> None:  # noqa: F811
     from runtime.bundle import read_manifest_dir
     from runtime.preprocess import load_rgb
 
@@ -175,6 +175,10 @@ def test_taught_bundle_loads_through_planner_and_backend(taught) -> None:  # noq
             assert isinstance(score, float) and heat.shape == img.shape[:2] and heat.dtype == np.float32
             assert 0.0 <= heat.min() and heat.max() <= 1.0
         assert [s for s, _ in det.score(images[:1])] == pytest.approx([out[0][0]], rel=1e-5)  # batched = alone
+    from apps.cli import main
+
+    assert main(["plan", str(taught.bundle), "--batch", "4", "--json"]) == 0  # edgerun plan counts the bank too
+    assert json.loads(capsys.readouterr().out)["total_bytes"] == det.plan.total_bytes
 
 
 @pytest.mark.slow
