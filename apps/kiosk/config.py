@@ -47,7 +47,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from apps.server.config import _int, _number, _size, _table, _typed
+from apps.config_fields import integer as _int
+from apps.config_fields import number as _number
+from apps.config_fields import size as _size
+from apps.config_fields import table as _table
+from apps.config_fields import typed as _typed
 from runtime.errors import BadInput
 
 MAX_CONFIG_BYTES = 1 << 20

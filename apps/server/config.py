@@ -46,9 +46,14 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from apps.config_fields import integer as _int
+from apps.config_fields import number as _number
+from apps.config_fields import size as _size
+from apps.config_fields import strings as _strings
+from apps.config_fields import table as _table
+from apps.config_fields import typed as _typed
 from runtime.errors import BadInput
 from runtime.store import check_ref
-from runtime.units import parse_size
 
 DEFAULT_PORT = 8080
 DEFAULT_HOST = "127.0.0.1"
@@ -112,49 +117,6 @@ class ServeConfig:
     @property
     def default_model(self) -> str:
         return self.models[0].name
-
-
-def _typed(where: str, value: Any, kind: type | tuple[type, ...], valid: str) -> Any:
-    if isinstance(value, bool) and bool not in (kind if isinstance(kind, tuple) else (kind,)):
-        raise BadInput(f"{where} must be {valid}, got {value!r}")
-    if not isinstance(value, kind):
-        raise BadInput(f"{where} must be {valid}, got {type(value).__name__} {value!r}"[:300])
-    return value
-
-
-def _int(where: str, value: Any, lo: int, hi: int) -> int:
-    _typed(where, value, int, f"an integer from {lo} to {hi}")
-    if not lo <= value <= hi:
-        raise BadInput(f"{where} {value} is out of range: use an integer from {lo} to {hi}")
-    return value
-
-
-def _number(where: str, value: Any, lo: float, hi: float) -> float:
-    _typed(where, value, (int, float), f"a number from {lo} to {hi}")
-    if not lo <= value <= hi:  # False for NaN
-        raise BadInput(f"{where} {value} is out of range: use a number from {lo} to {hi}")
-    return float(value)
-
-
-def _strings(where: str, value: Any) -> tuple[str, ...]:
-    if not isinstance(value, list) or not all(isinstance(s, str) and s for s in value):
-        raise BadInput(f"{where} must be a list of non-empty strings, got {value!r}"[:300])
-    return tuple(value)
-
-
-def _size(where: str, value: Any, minimum: int = 0) -> int:
-    if isinstance(value, int) and not isinstance(value, bool):
-        value = str(value)
-    return parse_size(_typed(where, value, str, "a size like 512M"), where, minimum=minimum)
-
-
-def _table(where: str, data: Any, known: tuple[str, ...]) -> dict[str, Any]:
-    if not isinstance(data, dict):
-        raise BadInput(f"{where} must be a table, got {type(data).__name__}")
-    unknown = sorted(set(data) - set(known))
-    if unknown:
-        raise BadInput(f"{where}: unknown key {unknown[0]!r} (valid: {', '.join(known)})")
-    return data
 
 
 def _model(where: str, data: Any) -> ModelEntry:
