@@ -18,12 +18,17 @@ converters.anomaly.teach's split) and 10 each of the taught defects (scratch, sp
    per decision. Parts come at a fixed rate (default 20/s) and the latency is frame -> PLC: from the frame
    handed in to the peer applying its decision (CLOCK_MONOTONIC is one clock for both processes), with the
    fail-safe decisions (deadline 150 ms) counted; capacity is parts/s decided by the model with 16 in flight.
+   When run as root, the INT8 line runs once more at niceness ``--priority`` (default -10; paced only): on a
+   shared machine that separates what the kiosk costs from what waiting for a CPU costs.
+
+On a machine other jobs share, edgerun's per-image latency is measured before and after anomalib's run and the
+slower of the two is compared (the load moves in between); the load is recorded with each measurement.
 
 Targets (issue 18; reported as met or not, never lowered): p99 <= 100 ms at >= 20 parts/s with INT8; anomaly AUROC
 within 1 point of anomalib's PatchCore at <= 1/3 of its latency per image. Prints Markdown tables and writes
 bench/results/kiosk.json.
 
-    .venv/bin/python bench/kiosk.py [--rate 20] [--parts 300] [--capacity-s 8] [--no-anomalib]
+    .venv/bin/python bench/kiosk.py [--rate 20] [--parts 300] [--capacity-s 8] [--no-anomalib] [--wait-quiet 600]
 """
 
 from __future__ import annotations
@@ -138,6 +143,22 @@ def quality(scores: np.ndarray, threshold: float | None, items: list[dict[str, A
     return out
 
 
+def edgerun_latency(det: Any, images: list[np.ndarray], runs: int) -> dict[str, Any]:
+    """Batch-1 latency per image (decoded RGB in, score and heat map out) and the per-image cost at batch 8."""
+    for img in images[:3]:
+        det.detect([img])
+    lat = []
+    for k in range(runs):
+        s = time.perf_counter()
+        det.detect([images[k % len(images)]])
+        lat.append((time.perf_counter() - s) * 1e3)
+    s = time.perf_counter()
+    for i in range(0, len(images), 8):
+        det.detect(images[i : i + 8])
+    return {"p50": pct(lat, 50), "p99": pct(lat, 99), "runs": runs, "load": load(),
+            "batch8_ms_per_image": (time.perf_counter() - s) * 1e3 / len(images)}
+
+
 def edgerun_anomaly(bundle: Path, items: list[dict[str, Any]], runs: int) -> dict[str, Any]:
     from runtime.anomaly import AnomalyDetector
     from runtime.preprocess import load_rgb
@@ -145,22 +166,19 @@ def edgerun_anomaly(bundle: Path, items: list[dict[str, Any]], runs: int) -> dic
     images = [load_rgb(it["file"]) for it in items]
     with AnomalyDetector.load(str(bundle), threads=THREADS, batch=8) as det:
         scores = np.array([d.score for i in range(0, len(images), 8) for d in det.detect(images[i : i + 8])])
-        for img in images[:3]:
-            det.detect([img])
-        lat = []
-        for k in range(runs):
-            img = images[k % len(images)]
-            s = time.perf_counter()
-            det.detect([img])
-            lat.append((time.perf_counter() - s) * 1e3)
-        s = time.perf_counter()
-        for i in range(0, len(images), 8):
-            det.detect(images[i : i + 8])
-        batch8 = (time.perf_counter() - s) * 1e3 / len(images)
         out = quality(scores, det.threshold, items)
-        out.update(latency_ms={"p50": pct(lat, 50), "p99": pct(lat, 99), "runs": runs}, batch8_ms_per_image=batch8,
-                   placement=det.placement.summary())
+        out.update(latency_ms=edgerun_latency(det, images, runs), placement=det.placement.summary())
     return out
+
+
+def edgerun_latency_again(bundle: Path, items: list[dict[str, Any]], runs: int) -> dict[str, Any]:
+    """The latency once more, right after anomalib's run: on a shared machine the load moves between the two, so
+    the comparison takes the slower of edgerun's two measurements."""
+    from runtime.anomaly import AnomalyDetector
+    from runtime.preprocess import load_rgb
+
+    with AnomalyDetector.load(str(bundle), threads=THREADS, batch=8) as det:
+        return edgerun_latency(det, [load_rgb(it["file"]) for it in items], runs)
 
 
 def anomalib_anomaly(parts: Path, items: list[dict[str, Any]], report: dict[str, Any], runs: int, work: Path) -> dict[str, Any]:
@@ -287,32 +305,35 @@ def line_run(bundle: Path, images: list[np.ndarray], *, max_batch: int, rate: fl
             stages_p50_ms={s: pct([d.latency_ms[s] for d in model], 50) for s in ("queue", "preprocess", "infer", "decide")},
             batch_sizes=stats["batch_sizes"], placement=stats["placement"])
 
-        # capacity: 16 parts in flight, deadline 10 s (none fail-safe), decisions still to the PLC
-        plc = Plc(work)
-        window = threading.Semaphore(16)
-        done: list[float] = []
+        if capacity_s <= 0:
+            row.update(capacity_per_s=None, capacity_failsafe=None, capacity_batch_sizes=None)
+        else:
+            # capacity: 16 parts in flight, deadline 10 s (none fail-safe), decisions still to the PLC
+            plc = Plc(work)
+            window = threading.Semaphore(16)
+            done: list[float] = []
 
-        def on_capacity(d: Any) -> None:
-            plc.out.send(d)
-            done.append(time.monotonic() if not d.failsafe else -1.0)
-            window.release()
+            def on_capacity(d: Any) -> None:
+                plc.out.send(d)
+                done.append(time.monotonic() if not d.failsafe else -1.0)
+                window.release()
 
-        with Pipeline("parts", rm, Policy(), deadline_ms=10_000, max_queue=32, max_batch=max_batch, max_wait_ms=5,
-                      on_decision=on_capacity) as pipe:
-            start = time.monotonic()
-            seq = 0
-            while time.monotonic() - start < capacity_s:
-                window.acquire()
-                pipe.submit(Part(seq, f"c{seq}", "bench", time.monotonic(), images[seq % len(images)]))
-                seq += 1
-            pipe.wait_idle(60)
-            stats = pipe.stats()
-        plc.close()
-        ok = sorted(t for t in done if t > 0)
-        skip = len(ok) // 5  # the first fifth warms up
-        row["capacity_per_s"] = (len(ok) - skip - 1) / (ok[-1] - ok[skip]) if len(ok) > skip + 2 else None
-        row["capacity_failsafe"] = stats["failsafe_total"]
-        row["capacity_batch_sizes"] = stats["batch_sizes"]
+            with Pipeline("parts", rm, Policy(), deadline_ms=10_000, max_queue=32, max_batch=max_batch, max_wait_ms=5,
+                          on_decision=on_capacity) as pipe:
+                start = time.monotonic()
+                seq = 0
+                while time.monotonic() - start < capacity_s:
+                    window.acquire()
+                    pipe.submit(Part(seq, f"c{seq}", "bench", time.monotonic(), images[seq % len(images)]))
+                    seq += 1
+                pipe.wait_idle(60)
+                stats = pipe.stats()
+            plc.close()
+            ok = sorted(t for t in done if t > 0)
+            skip = len(ok) // 5  # the first fifth warms up
+            row["capacity_per_s"] = (len(ok) - skip - 1) / (ok[-1] - ok[skip]) if len(ok) > skip + 2 else None
+            row["capacity_failsafe"] = stats["failsafe_total"]
+            row["capacity_batch_sizes"] = stats["batch_sizes"]
     row["load_end"] = load()
     p99 = row["frame_to_plc_ms"]["p99"]
     row["meets_target"] = bool(row["offered_per_s"] >= TARGET_RATE * 0.99 and p99 <= TARGET_P99_MS and row["failsafe_total"] == 0)
@@ -339,6 +360,9 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=100, help="batch-1 latency samples per detector (default 100)")
     ap.add_argument("--no-anomalib", action="store_true", help="skip anomalib's PatchCore")
     ap.add_argument("--wait-quiet", type=float, default=0, help="wait up to this many seconds for load < 1.5 first")
+    ap.add_argument("--priority", type=int, default=-10 if os.geteuid() == 0 else None,
+                    help="also run the INT8 line at this niceness (default -10 when root: the box's own priority for its "
+                         "kiosk, measured beside the plain runs; needs root)")
     ap.add_argument("--plc-peer", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.plc_peer:
@@ -350,7 +374,7 @@ def main() -> int:
 
     out: dict[str, Any] = {"when": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "machine": {
         "python": platform.python_version(), "cpus": os.cpu_count(), "cpu": platform.processor() or platform.machine(),
-        "load_avg_before_wait": load()}}
+        "load_avg_before_wait": load(), "nice": os.getpriority(os.PRIO_PROCESS, 0)}}
     out["machine"]["load_avg_start"] = wait_quiet(args.wait_quiet, 1.5) if args.wait_quiet else load()
     out["settings"] = {"size": SIZE, "seed": SEED, "threads": THREADS, "baud": BAUD, "deadline_ms": DEADLINE_MS,
                        "rate": args.rate, "parts": args.parts, "capacity_s": args.capacity_s}
@@ -365,16 +389,30 @@ def main() -> int:
             out["anomaly"][f"edgerun {name}"] = edgerun_anomaly(b["path"], items, args.runs)
             print(f"anomaly edgerun {name} done", file=sys.stderr, flush=True)
         if not args.no_anomalib:
-            out["anomaly"]["anomalib PatchCore"] = anomalib_anomaly(parts, items, bundles["INT8"]["report"], args.runs, work)
+            peer = out["anomaly"]["anomalib PatchCore"] = anomalib_anomaly(parts, items, bundles["INT8"]["report"], args.runs, work)
+            peer["load_after"] = load()
             print("anomaly anomalib done", file=sys.stderr, flush=True)
+            for name, b in bundles.items():
+                ours = out["anomaly"][f"edgerun {name}"]
+                ours["latency_ms_after_anomalib"] = again = edgerun_latency_again(b["path"], items, args.runs)
+                if again["p50"] > ours["latency_ms"]["p50"]:
+                    ours["latency_ms"], ours["latency_ms_after_anomalib"] = again, ours["latency_ms"]
         images = [load_rgb(it["file"]) for it in items]
         out["line"] = []
-        for name, b in bundles.items():
-            for max_batch in (1, 8):
-                row = line_run(b["path"], images, max_batch=max_batch, rate=args.rate, parts=args.parts,
-                               capacity_s=args.capacity_s, work=work)
-                out["line"].append({"bundle": name, **row})
-                print(f"line {name} batch {max_batch}: {row['frame_to_plc_ms']}", file=sys.stderr, flush=True)
+        runs = [(name, max_batch, None) for name in bundles for max_batch in (1, 8)]
+        if args.priority:  # the same INT8 line with the kiosk (and the PLC peer it starts) ahead of the other jobs
+            runs += [("INT8", max_batch, args.priority) for max_batch in (1, 8)]
+        for name, max_batch, nice in runs:
+            before = os.getpriority(os.PRIO_PROCESS, 0)
+            if nice is not None:
+                os.setpriority(os.PRIO_PROCESS, 0, nice)  # this thread; the pipeline's threads and the peer inherit it
+            try:
+                row = line_run(bundles[name]["path"], images, max_batch=max_batch, rate=args.rate, parts=args.parts,
+                               capacity_s=args.capacity_s if nice is None else 0, work=work)  # no CPU hog at priority
+            finally:
+                os.setpriority(os.PRIO_PROCESS, 0, before)
+            out["line"].append({"bundle": name, "nice": before if nice is None else nice, **row})
+            print(f"line {name} batch {max_batch} nice {nice}: {row['frame_to_plc_ms']}", file=sys.stderr, flush=True)
     out["machine"]["load_avg_end"] = load()
     out["targets"] = targets(out)
     results = Path(__file__).with_name("results")
@@ -388,13 +426,15 @@ def main() -> int:
 
 def targets(out: dict[str, Any]) -> dict[str, Any]:
     t: dict[str, Any] = {}
-    int8 = [r for r in out["line"] if r["bundle"] == "INT8"]
-    best = min(int8, key=lambda r: r["frame_to_plc_ms"]["p99"]) if int8 else None
-    if best is not None:
-        t["line"] = {"target": f"p99 <= {TARGET_P99_MS:g} ms at >= {TARGET_RATE:g} parts/s, INT8",
-                     "best": f"max_batch {best['max_batch']}: p99 {best['frame_to_plc_ms']['p99']:.1f} ms at "
-                             f"{best['offered_per_s']:.1f} parts/s, {best['failsafe_total']} fail-safe",
-                     "met": best["meets_target"]}
+    plain_nice = out["machine"]["nice"]
+    for key, rows in (("line", [r for r in out["line"] if r["bundle"] == "INT8" and r["nice"] == plain_nice]),
+                      ("line at priority", [r for r in out["line"] if r["bundle"] == "INT8" and r["nice"] != plain_nice])):
+        if rows:
+            best = min(rows, key=lambda r: r["frame_to_plc_ms"]["p99"])
+            t[key] = {"target": f"p99 <= {TARGET_P99_MS:g} ms at >= {TARGET_RATE:g} parts/s, INT8",
+                      "best": f"nice {best['nice']}, max_batch {best['max_batch']}: p99 {best['frame_to_plc_ms']['p99']:.1f} ms "
+                              f"at {best['offered_per_s']:.1f} parts/s, {best['failsafe_total']} fail-safe",
+                      "met": best["meets_target"]}
     ours, peer = out["anomaly"].get("edgerun INT8"), out["anomaly"].get("anomalib PatchCore")
     if ours and peer and "error" not in peer:
         a, b = ours["groups"]["all defects"]["auroc"], peer["groups"]["all defects"]["auroc"]
@@ -409,14 +449,15 @@ def targets(out: dict[str, Any]) -> dict[str, Any]:
 def print_tables(out: dict[str, Any]) -> None:
     m = out["machine"]
     print(f"machine: {m['cpus']} CPUs, load average {m['load_avg_start']:.2f} at start, {m['load_avg_end']:.2f} at end; "
-          f"{THREADS} threads, images {SIZE} px, PLC at {BAUD} baud over a pty, deadline {DEADLINE_MS:g} ms\n")
+          f"nice {m['nice']}; {THREADS} threads, images {SIZE} px, PLC at {BAUD} baud over a pty, deadline {DEADLINE_MS:g} ms\n")
     print("| bundle | batching | offered parts/s | frame -> PLC p50 / p99 ms | of which decision p50 / p99 ms "
           "| decision -> PLC p50 / p99 ms | fail-safe | capacity parts/s | batch sizes (paced) | p99 <= 100 ms @ 20/s |")
     print("|---|---|---:|---:|---:|---:|---:|---:|---|---|")
     for r in out["line"]:
         f, d, k = r["frame_to_plc_ms"], r["decision_ms"], r["decision_to_plc_ms"]
         met = ("met" if r["meets_target"] else "missed") if r["bundle"] == "INT8" else ""
-        print(f"| {r['bundle']} | {'max 8, 5 ms' if r['max_batch'] > 1 else 'off'} | {r['offered_per_s']:.1f} "
+        nice = f", nice {r['nice']}" if r["nice"] != m["nice"] else ""
+        print(f"| {r['bundle']}{nice} | {'max 8, 5 ms' if r['max_batch'] > 1 else 'off'} | {r['offered_per_s']:.1f} "
               f"| {fmt(f['p50'])} / {fmt(f['p99'])} | {fmt(d['p50'])} / {fmt(d['p99'])} | {fmt(k['p50'])} / {fmt(k['p99'])} "
               f"| {r['failsafe_total']} of {r['parts']} "
               f"| {fmt(r['capacity_per_s'])} | {r['batch_sizes']} | {met} |")
