@@ -50,6 +50,7 @@ SLOT_CTX = 2048
 LLAMA_SERVER = Path(os.environ.get("EDGERUN_LLAMA_SERVER_DIR", Path.home() / ".cache/edgerun/llama-server")) / "bin/llama-server"
 MODEL_NAME = "bench"  # the model name edgerun serves the GGUF under
 START_TIMEOUT_S = 180
+MIN_REQUESTS = 4  # per level: 4 one after another at 1 client, one round of N at N clients (N >= 4)
 
 SUBJECTS = ("a lighthouse keeper", "a clockmaker", "a river pilot", "a beekeeper", "a night-shift nurse", "a glassblower",
             "a mountain guide", "a radio operator", "a baker", "a ferry captain", "a librarian", "a welder")
@@ -136,7 +137,7 @@ class Server:
     def stop(self) -> None:
         if self.proc is None or self.proc.poll() is not None:
             return
-        self.proc.send_signal(signal.SIGINT)
+        self.proc.send_signal(signal.SIGTERM)  # SIGINT is ignored in a background job started by a shell
         try:
             self.proc.wait(20)
         except subprocess.TimeoutExpired:
@@ -156,7 +157,7 @@ def _p(values: list[float], q: float) -> float | None:
 async def levels(base: str, tag: str, counts: tuple[int, ...]) -> dict:
     out = {}
     for n in counts:
-        per_client = max(2, math.ceil(8 / n))
+        per_client = max(1, math.ceil(MIN_REQUESTS / n))
         spec = LoadSpec(base=base, concurrency=n, duration_s=600, prompts=prompts(n * per_client, f"{tag}-{n}"),
                         max_tokens=TOKENS, temperature=0.0, api="completions", model=MODEL_NAME, requests_per_client=per_client,
                         request_timeout_s=300)
@@ -318,7 +319,7 @@ def ratios(results: dict) -> dict:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--servers", nargs="+", choices=SERVERS, default=list(SERVERS))
+    ap.add_argument("--servers", nargs="+", choices=SERVERS, default=["edgerun", "llama-server", "llama_cpp.server"])
     ap.add_argument("--levels", nargs="+", type=int, default=list(LEVELS), metavar="N",
                     help="concurrent clients to measure at (default 1 4 8)")
     ap.add_argument("--model", default="default", help="the bundle whose GGUF every server loads (default: default)")
@@ -326,7 +327,10 @@ def main() -> int:
                     help="wait up to S seconds for a load average below 1 before starting (default 600)")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "serve.json"))
     args = ap.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unwinds through bench_server's finally: the server stops
 
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
     load = wait_quiet(args.wait_quiet)
     gguf = gguf_of(args.model)
     results: dict = {"machine": machine(), "load_before_start": load, "model": args.model, "gguf": str(gguf),
@@ -338,10 +342,8 @@ def main() -> int:
                 continue
             print(f"{name}:", flush=True)
             results["servers"][name] = bench_server(name, gguf, Path(tmp), tuple(args.levels))
-    results["ratios"] = ratios(results)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(results, indent=2, default=str))
+            results["ratios"] = ratios(results)
+            out.write_text(json.dumps(results, indent=2, default=str))  # after each server: a cut-short run keeps them
 
     print()
     print("\n".join(table(results)))
