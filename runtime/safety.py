@@ -40,6 +40,11 @@ CARRY_CHARS = 2 * MAX_WORD_CHARS  # of such a forced cut, checked again with the
 # A sentence ends at . ! ? (or their CJK forms) followed by whitespace, or at a line break. "3.14" and "e.g.x"
 # do not end one; the end of the stream always does.
 _SENTENCE_END = re.compile(r"(?:[.!?…。！？]+[\"')\]»”’]*\s+|\n+)")
+# Text is released to the client at either; filters see whole sentences, which end only at the punctuation: what a
+# line break (or a forced cut) released is checked again together with what follows it, since a phrase matches
+# across any whitespace.
+_PUNCT_END = re.compile(r"[.!?…。！？]+[\"')\]»”’]*\s+")
+_ENDS_AT_PUNCT = re.compile(_PUNCT_END.pattern + r"\Z")
 # Characters that render as nothing are dropped before matching, so "b\u200bad" cannot slip past a blocklist entry
 # "bad": every format character (category Cf: zero-width space and joiners, soft hyphen, bidi controls, invisible
 # operators, tags...) and the other default-ignorable ones (combining grapheme joiner, Hangul fillers, variation
@@ -267,8 +272,9 @@ class StreamChecker:
     ``feed(piece)`` returns the text now safe to send (the sentences completed and passed so far), holding back
     the unfinished one (nothing is held back when no filter of the chain checks output); ``finish()`` checks and
     returns the rest. Both raise Blocked, after which the checker refuses more text (the response is over).
-    A sentence longer than ``max_sentence_chars`` is released in parts at whitespace; each part is checked
-    together with the end of the part before it."""
+    Text is released at sentence ends and at line breaks; a sentence longer than ``max_sentence_chars`` is
+    released in parts at whitespace. A part released without its sentence's end (at a line break or such a cut)
+    is checked again, its last CARRY_CHARS characters, together with the part after it."""
 
     def __init__(self, chain: FilterChain, *, max_sentence_chars: int = MAX_SENTENCE_CHARS) -> None:
         self.chain, self.max_sentence_chars = chain, max_sentence_chars
@@ -293,9 +299,7 @@ class StreamChecker:
         if cut == 0:
             return ""
         ready, self._pending = self._pending[:cut], self._pending[cut:]
-        out = self._release(ready)
-        self._carry = ready[-CARRY_CHARS:] if forced else ""
-        return out
+        return self._release(ready)
 
     def finish(self) -> str:
         if self.blocked is not None:
@@ -313,12 +317,16 @@ class StreamChecker:
                 self.blocked = Blocked(verdict, "output")
                 self._pending = ""
                 raise self.blocked
+        if _ENDS_AT_PUNCT.search(text):
+            self._carry = ""
+        elif sentences:  # released at a line break or a forced cut: the sentence goes on in what follows
+            self._carry = sentences[-1][-CARRY_CHARS:]
         return text
 
 
 def _split_sentences(text: str) -> list[str]:
     out, start = [], 0
-    for end in _SENTENCE_END.finditer(text):
+    for end in _PUNCT_END.finditer(text):
         out.append(text[start : end.end()])
         start = end.end()
     if start < len(text):

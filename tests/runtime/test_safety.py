@@ -147,9 +147,23 @@ def test_a_phrase_across_a_forced_cut_is_still_caught(pieces: list[str], limit: 
     checker = FilterChain([Blocklist(["evil plan", "forbidden"])]).stream_checker(max_sentence_chars=limit)
     assert checker.feed(pieces[0]) == released
     with pytest.raises(Blocked):
-        for piece in pieces:
+        for piece in pieces[1:]:
             checker.feed(piece)
         checker.finish()
+
+
+@pytest.mark.parametrize("pieces", [
+    ["We made an evil\nplan. "],             # one piece: the line break is whitespace inside the phrase
+    ["We made an evil\n", "plan today. "],   # released at the line break, the phrase completed by the next piece
+    ["Then: evil\n\n  plan. "],
+])
+def test_a_phrase_across_a_line_break_in_the_output_is_caught(pieces: list[str]) -> None:
+    # A line break ends a piece of streamed text but not a sentence: a phrase matches across any whitespace, as on input.
+    chain = FilterChain([Blocklist(["evil plan"])])
+    with pytest.raises(Blocked):
+        chain.check_input("".join(pieces))
+    sent, blocked = _stream(chain, pieces)
+    assert blocked is not None and "plan" not in sent
 
 
 def test_without_output_filters_nothing_is_held_back() -> None:
