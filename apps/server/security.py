@@ -140,7 +140,7 @@ def host_name(header: str) -> str:
 def loopback_name(name: str, also: str = "") -> bool:
     """``localhost``, a loopback address literal, or ``also`` (the name the server was bound by); never another
     DNS name, whatever it resolves to now ("127.0.0.1.evil.example")."""
-    if name in ("localhost", also.lower()):
+    if name.rstrip(".") in ("localhost", also.lower().rstrip(".")):  # "localhost." is localhost too (RFC 6761)
         return True
     try:
         return ipaddress.ip_address(name).is_loopback

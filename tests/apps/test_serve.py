@@ -197,12 +197,14 @@ def test_disconnecting_client_frees_its_slot(llm_server: LiveServer, stream: boo
     body = json.dumps({"model": "default", "prompt": ENDLESS, "max_tokens": 4000, "temperature": 0, "stream": stream}).encode()
     with socket.create_connection(("127.0.0.1", llm_server.port)) as sock:
         sock.settimeout(60)
-        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                      b"Cache-Control: no-store\r\n" + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
         if stream:
             got = b""
             while b"data: " not in got:  # the headers and the first event may come in separate reads
-                got += sock.recv(65536)
+                piece = sock.recv(65536)
+                assert piece, got  # the server closed the connection before streaming
+                got += piece
         else:
             deadline = time.monotonic() + 60
             while llm_server.metric("edgerun_slots_busy", model="default") != 1:  # generating
@@ -274,7 +276,7 @@ def test_urgent_request_is_served_while_batch_streams_fill_every_slot(llm_server
     try:
         for _ in range(2):  # both slots: batch streams that would run for minutes
             sock = socket.create_connection(("127.0.0.1", llm_server.port), timeout=60)
-            sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                          b"Cache-Control: no-store\r\n" + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
             socks.append(sock)
         deadline = time.monotonic() + 60
