@@ -98,6 +98,7 @@ def main(args: argparse.Namespace) -> int:
     import uvicorn
 
     from apps.server.app import create_app
+    from apps.server.serving import DrainingServer
     from apps.server.state import ServerState
 
     state = ServerState(cfg, keys)
@@ -108,8 +109,8 @@ def main(args: argparse.Namespace) -> int:
     print(f"edgerun: serving {', '.join(m.name for m in cfg.models)} on http://{shown}:{port}/v1 "
           f"({'API key required' if keys.required else 'no API key: loopback only'}); /readyz says when loaded",
           file=sys.stderr)
-    server = uvicorn.Server(uvicorn.Config(create_app(state), log_level="info" if args.verbose else "warning",
-                                           access_log=args.verbose, timeout_graceful_shutdown=5))
+    server = DrainingServer(uvicorn.Config(create_app(state), log_level="info" if args.verbose else "warning",
+                                           access_log=args.verbose, timeout_graceful_shutdown=5), state)
     # uvicorn shuts down gracefully on SIGINT/SIGTERM, then raises the signal again: after a graceful stop either
     # one ends the command with 0, as a service manager expects.
     previous = signal.signal(signal.SIGTERM, _stopped)

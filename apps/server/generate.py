@@ -88,6 +88,8 @@ async def _attempt(request: Request, state: Any, chat: bool, args: api.GenArgs, 
         svc = state.service(served, model)
         params = svc.params(**args.sampling)
         cache_key = _cache_key(state, request, outcome, chat, args, params, _model_version(model))
+        if state.stopping.is_set():
+            raise api.ShuttingDown("the server is shutting down; try again")
         hit = state.cache.get(cache_key) if cache_key is not None else None
         if hit is not None:
             outcome.cache = "hit"
@@ -179,6 +181,14 @@ class _Run:
         self.events = handle.aevents().__aiter__()
         self.checker = state.filters.stream_checker()
         self.closed = False
+        state.track(handle, True)
+
+    def error(self, ev: Any) -> BaseException:
+        """The exception of an error event (a cancel by shutdown says so)."""
+        error = ev.error if ev.error is not None else BackendError("generation failed")
+        if isinstance(error, Cancelled) and self.state.stopping.is_set():
+            return api.ShuttingDown("the server is shutting down; this answer was cut short: try again")
+        return error
 
     async def next(self) -> Any:
         """The next event, or None when the client disconnected first (the generation is cancelled then)."""
@@ -194,7 +204,7 @@ class _Run:
             return None
         ev = step.result()
         if ev.kind == "error":
-            raise ev.error if ev.error is not None else BackendError("generation failed")
+            raise self.error(ev)
         if ev.kind == "text":
             self.outcome.first_token()
         return ev
@@ -203,6 +213,7 @@ class _Run:
         if self.closed:
             return
         self.closed = True
+        self.state.track(self.handle, False)
         if record:
             self.outcome.finish(result=result, error=error)
         if result is not None:
@@ -244,7 +255,7 @@ class _Run:
                     yield event(reply.chunk(safe))
                 ev = await self.events.__anext__()  # Starlette cancels this task when the client disconnects
                 if ev.kind == "error":
-                    raise ev.error if ev.error is not None else BackendError("generation failed")
+                    raise self.error(ev)
             rest = self.checker.finish()
             if rest:
                 parts.append(rest)

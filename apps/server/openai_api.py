@@ -50,6 +50,10 @@ class NotReady(EdgerunError):
     """The server is starting or stopping (HTTP 503)."""
 
 
+class ShuttingDown(Cancelled):
+    """An answer stopped because the server is shutting down (HTTP 503; a cancel, not a fault of its version)."""
+
+
 @dataclass
 class GenArgs:
     model: str
@@ -272,6 +276,8 @@ def status_of(exc: BaseException) -> tuple[int, str, str | None]:
         return 429, "rate_limit_error", "queue_full"
     if isinstance(exc, DeadlineExceeded):
         return 504, "timeout_error", "deadline_exceeded"
+    if isinstance(exc, ShuttingDown):
+        return 503, "server_error", "shutting_down"
     if isinstance(exc, (NotReady, DoesNotFit)):
         return 503, "server_error", "not_ready" if isinstance(exc, NotReady) else "does_not_fit"
     if isinstance(exc, Cancelled):

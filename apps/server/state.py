@@ -50,6 +50,8 @@ class ServerState:
         self._services: dict[int, tuple[Any, Any, str]] = {}  # id(loaded model) -> (model, its service, its name)
         self._batchers: dict[str, tuple[Any, Any]] = {}  # name -> (loaded classifier, its DynamicBatcher)
         self._lock = threading.Lock()
+        self.stopping = threading.Event()  # shutting down: the answers still running are being stopped
+        self._running: set[Any] = set()  # engine handles of the answers in flight
 
     def prepare(self) -> None:
         """Resolve and plan every configured model (nothing is loaded): a bad ref or a model that cannot fit is
@@ -124,6 +126,20 @@ class ServerState:
 
     def _slots_busy(self) -> dict[str, int]:
         return {name: int(stats.get("slots_busy", 0)) for name, stats in self._llm_stats().items()}
+
+    def track(self, handle: Any, running: bool) -> None:
+        """Note an answer's engine handle as in flight (``running``) or ended."""
+        with self._lock:
+            (self._running.add if running else self._running.discard)(handle)
+
+    def stop_generations(self) -> None:
+        """Shutdown: stop every answer still running (each ends as a 503 / a stream's error event) and take no
+        new ones."""
+        self.stopping.set()
+        with self._lock:
+            handles = list(self._running)
+        for handle in handles:
+            handle.cancel()
 
     def close(self) -> None:
         self.ready.clear()

@@ -15,6 +15,7 @@ import uvicorn
 from apps.cli.serve_cmd import listen
 from apps.server.app import create_app
 from apps.server.config import ServeConfig
+from apps.server.serving import DrainingServer
 from apps.server.state import ServerState
 
 
@@ -27,8 +28,8 @@ class LiveServer:
         sock = listen("127.0.0.1", 0)
         self.port = sock.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
-        self.server = uvicorn.Server(uvicorn.Config(create_app(self.state, load=load), log_level="warning",
-                                                    timeout_graceful_shutdown=2))
+        self.server = DrainingServer(uvicorn.Config(create_app(self.state, load=load), log_level="warning",
+                                                    timeout_graceful_shutdown=2), self.state)
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [sock]}, daemon=True)
         self.thread.start()
         deadline = time.monotonic() + 30
