@@ -233,7 +233,7 @@ class Kiosk:
     def _model_name(self) -> str:
         from apps.kiosk.adapters import identity
 
-        with self.residency.acquire(self.model_name) as model:
+        with self.pipeline.lease() as model:  # a swap loads the new version under a name of its own
             self.deciding_name = identity(model)[0]
         return self.deciding_name
 

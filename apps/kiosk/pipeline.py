@@ -3,7 +3,7 @@
 ``submit(part)`` never blocks and never raises for a part: the part is queued in a bounded
 :class:`runtime.batcher.DynamicBatcher` or decided at once by the fail-safe. The batcher's worker leases the model
 from the :class:`runtime.residency.ResidencyManager` for each batch, so a batch is decided by one whole, loaded
-version: ``swap()`` (ResidencyManager.swap) takes effect between batches, and a batch in flight keeps the version
+version: ``swap()`` loads the new version beside the deciding one and takes effect between batches, and a batch in flight keeps the version
 it leased. A deadline timer gives every part still undecided ``deadline_ms`` after its capture the fail-safe
 decision; a model result that comes later is dropped (counted as ``late``). Decisions go to ``on_decision`` from one
 thread, in the order they were made.
@@ -16,6 +16,7 @@ decision made).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 import logging
@@ -24,7 +25,7 @@ import queue
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
@@ -37,7 +38,7 @@ from apps.kiosk.deadlines import DeadlineTimer
 from apps.kiosk.policy import Policy, Ruling
 from apps.kiosk.types import STAGES, Decision, Part, Verdict
 from runtime.batcher import DynamicBatcher
-from runtime.errors import BadInput, Cancelled, DeadlineExceeded, QueueFull, one_line
+from runtime.errors import BadInput, Cancelled, DeadlineExceeded, DoesNotFit, QueueFull, one_line
 from runtime.residency import ModelSpec, ResidencyManager
 
 log = logging.getLogger(__name__)
@@ -90,7 +91,9 @@ class Pipeline:
         self.deadline_s, self.max_queue = deadline_ms / 1000.0, max_queue
         self.on_decision = on_decision
         self.placement = ""  # the deciding model's placement, as its loader reported it
-        self._version = self._check_loaded(model_name)  # the current model must load and fit the policy
+        self._active = model_name  # the residency name of the version deciding now (a swap loads the next beside it)
+        self._swaps = itertools.count(1)
+        self._version = self._check_loaded(model_name, deciding=True)  # the current model must load and fit the policy
         self._lock = threading.Lock()  # counters, pending, closed
         self._admin = threading.Lock()  # swap / promote / rollback / close, one at a time
         self._closed = False
@@ -165,8 +168,23 @@ class Pipeline:
                 self._delivered.wait(0.05 if left is None else min(left, 0.05))
 
     # -- the batcher's worker -----------------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def lease(self) -> Iterator[Any]:
+        """The loaded model deciding now, leased for the ``with`` block (a swap meanwhile takes the next batch)."""
+        while True:
+            name, stack = self._active, contextlib.ExitStack()
+            try:
+                model = stack.enter_context(self.residency.acquire(name))
+            except BadInput:
+                if name != self._active:  # swapped, and the old version retired, between the read and the lease
+                    continue
+                raise
+            break
+        with stack:
+            yield model
+
     def _run(self, tickets: list[_Ticket]) -> list[_Result]:
-        with self.residency.acquire(self.model_name) as model:
+        with self.lease() as model:
             leased = time.monotonic()
             adapter = adapter_for(model)
             name, version, _ = identity(model)
@@ -296,11 +314,11 @@ class Pipeline:
             self._delivered.notify_all()
 
     # -- model updates ------------------------------------------------------------------------------------------------
-    def _check_loaded(self, name: str) -> str:
+    def _check_loaded(self, name: str, *, deciding: bool = False) -> str:
         with self.residency.acquire(name, wait_s=LOAD_WAIT_S) as model:
             adapter_for(model).check(model, self.policy)
             placement = getattr(model, "placement", None)
-            if name == self.model_name:
+            if deciding:
                 self.placement = placement.summary() if placement is not None else ""
             return identity(model)[1]
 
@@ -314,28 +332,55 @@ class Pipeline:
         from runtime.resolve import resolve
 
         kind = resolve(ref).manifest.kind.value  # an anomaly bundle may replace a classifier, and back
-        spec = self._spec(self.model_name)
+        spec = self._spec(self._active)
         options = spec.options if kind == spec.kind else {}  # another kind's loader takes other options
         return dataclasses.replace(spec, name=name, ref=ref, kind=kind, options=options)
 
     def _switch(self, spec: ModelSpec) -> str:
-        """Swap the model's spec and load it before returning; back to the old spec if it does not load or fit."""
-        old = self._spec(self.model_name)
-        self.residency.swap(self.model_name, spec)
+        """Load ``spec`` beside the deciding version (under a name of its own) while the old one keeps deciding, then
+        switch between batches; the old version is retired once its last batch ends. The old one stays if the new
+        one does not load or fit the policy. Only when the budget cannot hold both does the swap go in place (parts
+        then wait for the load, up to their deadline)."""
+        old_name = self._active
+        old = self._spec(old_name)
+        new = dataclasses.replace(spec, name=f"{self.model_name[:50]}-v{next(self._swaps)}")
         try:
-            version = self._check_loaded(self.model_name)
+            self.residency.add(new)
+        except DoesNotFit as exc:
+            log.warning("%s: no room for %s beside the deciding version (%s): swapping in place; parts wait for the "
+                        "load", self.model_name, spec.ref, one_line(exc))
+            return self._switch_in_place(old, dataclasses.replace(spec, name=old_name))
+        try:
+            version = self._check_loaded(new.name, deciding=True)
         except BaseException:
-            self.residency.swap(self.model_name, old)
+            self.residency.remove(new.name)
             raise
+        with self._lock:
+            self._active = new.name
+            self._version = version
+        self.residency.remove(old_name)  # closes when the batch deciding with it (if any) ends
         self._previous.append(old)
         log.info("%s: now deciding with %s (version %s)", self.model_name, spec.ref, version)
         return version
 
+    def _switch_in_place(self, old: ModelSpec, spec: ModelSpec) -> str:
+        self.residency.swap(old.name, spec)
+        try:
+            version = self._check_loaded(old.name, deciding=True)
+        except BaseException:
+            self.residency.swap(old.name, old)
+            raise
+        with self._lock:
+            self._version = version
+        self._previous.append(old)
+        return version
+
     def swap(self, new_ref: str, *, canary: float = 0.0) -> str:
-        """Switch to ``new_ref`` between batches (loaded and checked before this returns; parts that come meanwhile
-        wait for it up to their deadline); the old version is kept for :meth:`rollback`. With ``canary`` in (0, 1]
-        nothing switches yet: that fraction of parts is also decided by the new version, disagreements are logged
-        and counted (``stats()["canary"]``), and :meth:`promote` switches. Returns the new version."""
+        """Switch to ``new_ref`` between batches (loaded beside the deciding version and checked before this
+        returns; the old version decides the parts that come meanwhile); the old version is kept for
+        :meth:`rollback`. With ``canary`` in (0, 1] nothing switches yet: that fraction of parts is also decided
+        by the new version, disagreements are logged and counted (``stats()["canary"]``), and :meth:`promote`
+        switches. Returns the new version."""
         if isinstance(canary, bool) or not isinstance(canary, (int, float)) or not 0 <= canary <= 1:
             raise BadInput(f"canary = {canary!r} is not valid: use a fraction of parts in [0, 1]")
         with self._admin:

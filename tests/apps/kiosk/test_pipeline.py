@@ -222,6 +222,37 @@ def test_swap_is_atomic_between_parts_with_parts_in_flight(bundles: dict[str, Pa
             assert parts[d.seq].t_capture + d.latency_ms["total"] / 1000 >= ready - 1e-5
 
 
+def test_a_swap_loads_beside_the_deciding_version_so_the_line_never_waits_for_it(bundles: dict[str, Path]) -> None:
+    loader = TimedLoader()
+    loader.load_s[str(bundles["2"])] = 2.0  # far beyond the deadline: a part that waited for the load would fail safe
+    line = Line(bundles["1"], loader, deadline_ms=1000, max_queue=100, max_batch=4, max_wait_ms=2)
+    during: list[int] = []
+    result: dict[str, str] = {}
+    swapper = threading.Thread(target=lambda: result.update(version=line.pipeline.swap(str(bundles["2"]))))
+    try:
+        line.pipeline.submit(part(0, "good"))
+        assert line.pipeline.wait_idle(10)
+        swapper.start()
+        seq = 1
+        while swapper.is_alive():
+            if str(bundles["2"]) not in loader.loaded_at:  # still loading: this part is captured during the load
+                during.append(seq)
+            line.pipeline.submit(part(seq, "good"))
+            seq += 1
+            time.sleep(0.02)
+        swapper.join()
+        line.pipeline.submit(part(seq, "good"))
+        got = exactly_once(line, seq + 1)
+        assert len(line.residency.specs()) == 1  # the old version was retired after the switch
+    finally:
+        line.close()
+    assert result["version"] == "2" and len(during) >= 10
+    assert not [d.reason for d in got.values() if d.failsafe]
+    for s in during:  # decided at once by the old version while the new one loaded
+        assert (got[s].version, got[s].verdict) == ("1", Verdict.PASS)
+    assert (got[seq].version, got[seq].verdict) == ("2", Verdict.REJECT)
+
+
 def spotted(seq: int) -> Part:
     p = part(seq, "good")
     p.image[:6, :6] = (40, 40, 220)  # a blue spot in the top left corner of a red part
