@@ -35,10 +35,11 @@ from typing import IO
 
 import numpy as np
 
+from apps.kiosk import overlay
 from apps.kiosk.audit_export import LATENCY as _LATENCY
 from apps.kiosk.audit_export import export_csv
 from apps.kiosk.types import STAGES, Decision, Verdict
-from runtime.errors import BadInput, missing
+from runtime.errors import BadInput
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +47,7 @@ SCHEMA_VERSION = 1
 DEFAULT_QUOTA = 512 << 20  # bytes of pictures
 DEFAULT_PASS_SAMPLE = 0.02  # fraction of passes whose picture is kept
 FORMATS = ("png", "jpg")
+_CODEC = {"png": "png", "jpg": "jpeg"}  # file suffix -> apps.kiosk.overlay's format name
 MAX_IMAGE_SIDE = 8192  # pixels; a larger "image" is a bug upstream, not a part
 _PICTURE = re.compile(r"^\d{1,19}-(pass|reject|review)(-heat)?\.(png|jpg)$")
 _TMP_SUFFIX = ".tmp"
@@ -70,14 +72,6 @@ CREATE TABLE IF NOT EXISTS parts (
 CREATE INDEX IF NOT EXISTS parts_by_time ON parts (at);
 CREATE INDEX IF NOT EXISTS parts_with_picture ON parts (id) WHERE image IS NOT NULL;
 """
-
-def _cv2():
-    try:
-        import cv2
-    except ModuleNotFoundError:
-        raise missing("cv2", "kiosk") from None
-    return cv2
-
 
 def default_db_path() -> Path:
     from runtime.store import default_root
@@ -200,28 +194,26 @@ class AuditTrail:
         name = f"{rid}-{Verdict(decision.verdict).value}"
         written: list[Path] = []
         try:
-            bgr = _bgr(image)
-            pictures = [(f"{name}.{self.image_format}", bgr)]
-            if decision.heatmap is not None:
-                pictures.append((f"{name}-heat.{self.image_format}", _overlay(bgr, decision.heatmap)))
+            _check_picture(image)
+            pictures = [f"{name}.{self.image_format}"]
+            if decision.heatmap is not None:  # the same overlay as the dashboard's (apps.kiosk.overlay)
+                pictures.append(f"{name}-heat.{self.image_format}")
             size = 0
-            for filename, pixels in pictures:
-                size += self._write(filename, pixels)
+            for filename, heat in zip(pictures, (None, decision.heatmap), strict=False):
+                size += self._write(filename, overlay.encode(image, heat, fmt=_CODEC[self.image_format], quality=95,
+                                                              max_side=MAX_IMAGE_SIDE))
                 written.append(self.images / filename)
         except (OSError, ValueError, BadInput) as exc:
             for path in written:
                 path.unlink(missing_ok=True)
             log.warning("picture of part %s (frame %s) not kept: %s", decision.seq, decision.frame_id, exc)
             return None
-        return pictures[0][0], pictures[1][0] if len(pictures) > 1 else None, size
+        return pictures[0], pictures[1] if len(pictures) > 1 else None, size
 
-    def _write(self, filename: str, pixels: np.ndarray) -> int:
-        ok, data = _cv2().imencode(f".{self.image_format}", pixels)
-        if not ok:
-            raise ValueError(f"OpenCV could not encode {filename}")
+    def _write(self, filename: str, data: bytes) -> int:
         tmp = self.images / (filename + _TMP_SUFFIX)
         with open(tmp, "wb") as f:
-            f.write(data.tobytes())
+            f.write(data)
         os.replace(tmp, self.images / filename)  # a reader or a crash never sees half a picture
         return len(data)
 
@@ -349,23 +341,8 @@ def _real(value: object) -> float | None:
     return value if math.isfinite(value) else None
 
 
-def _bgr(image: np.ndarray) -> np.ndarray:
+def _check_picture(image: np.ndarray) -> None:
     if not isinstance(image, np.ndarray) or image.dtype != np.uint8 or image.ndim not in (2, 3):
         raise BadInput(f"picture must be an HxWx3 uint8 array, got {getattr(image, 'dtype', type(image).__name__)}")
     if image.ndim == 3 and image.shape[2] != 3 or not 0 < max(image.shape[:2]) <= MAX_IMAGE_SIDE or min(image.shape[:2]) == 0:
         raise BadInput(f"picture of shape {image.shape} is invalid; give HxWx3 with sides 1..{MAX_IMAGE_SIDE}")
-    return image if image.ndim == 2 else np.ascontiguousarray(image[:, :, ::-1])  # RGB -> OpenCV's BGR
-
-
-def _overlay(bgr: np.ndarray, heatmap: np.ndarray) -> np.ndarray:
-    """The heat map (HxW in [0, 1], any size) in the JET colours over the picture, 45 % opaque."""
-    cv2 = _cv2()
-    heat = np.asarray(heatmap, dtype=np.float32)
-    if heat.ndim != 2 or heat.size == 0:
-        raise BadInput(f"heat map of shape {heat.shape} is invalid; give HxW")
-    heat = np.clip(np.nan_to_num(heat, nan=0.0, posinf=1.0, neginf=0.0), 0.0, 1.0)
-    heat = cv2.resize(heat, (bgr.shape[1], bgr.shape[0]), interpolation=cv2.INTER_LINEAR)
-    colour = cv2.applyColorMap((heat * 255).astype(np.uint8), cv2.COLORMAP_JET)
-    base = bgr if bgr.ndim == 3 else cv2.cvtColor(bgr, cv2.COLOR_GRAY2BGR)
-    return cv2.addWeighted(base, 0.55, colour, 0.45, 0.0)
-

@@ -95,6 +95,19 @@ def test_a_row_per_part_pictures_of_rejects_and_a_seeded_sample_of_passes(tmp_pa
     assert sqlite3.connect(db).execute("PRAGMA journal_mode").fetchone()[0] == "wal"
 
 
+def test_the_heat_picture_is_the_dashboards_overlay(tmp_path):
+    from apps.kiosk.overlay import blend
+
+    d = decision(3, Verdict.REJECT, heat=True)
+    with AuditTrail(tmp_path / "audit.db") as audit:
+        audit.record(d, picture(3))
+        assert audit.flush()
+        images = audit.images
+    (row,) = rows(tmp_path / "audit.db")
+    saved = cv2.imread(str(images / row["heatmap"]))[:, :, ::-1]  # PNG: lossless
+    assert np.array_equal(saved, blend(picture(3), d.heatmap))  # one overlay for the audit trail and the dashboard
+
+
 def test_quota_deletes_the_oldest_pictures_first(tmp_path):
     db = tmp_path / "audit.db"
     with AuditTrail(db, quota_bytes=10**9) as probe:  # the size of one picture, to set the quota from
