@@ -18,40 +18,37 @@ bounded queues, aging, deadlines). Every step of the engine thread:
    tokens while others decode, so a long prompt does not stall them);
 4. one ``llama_decode``; each slot that got logits samples its next token with its own sampler.
 
-Greedy text equals the single-stream LLM's token for token where llama.cpp computes each row of a batch alike
-(SmolLM2's Q4_1: tested, 4 concurrent requests, preempted ones too). Weights that llama.cpp's CPU backend repacks
-into multi-row kernels (Q4_K, Q6_K, Q8_0 on x86) can round a row computed beside others differently from the same
-row alone, so a near-tie may go the other way, as with llama-server's parallel slots (Gemma 3 Q4_K_M here: one
-prompt of three prefilled in one batch ended "red, blue and yellow" where alone it says "red, yellow, and blue").
+Greedy text equals the single-stream LLM's token for token for SmolLM2's Q4_1 (tested: 4 concurrent requests,
+preempted ones too). It is not guaranteed for every model. Observed (by hand, not in a test) with Gemma 3 Q4_K_M
+on x86 CPU: one prompt of three prefilled in one batch ended "red, blue and yellow" where alone it says "red,
+yellow, and blue". The likely cause, NOT confirmed: a row computed beside others is rounded differently than the
+same row alone (for example, llama.cpp picking other CPU kernels for a multi-row batch of some weight types),
+which can tip a near-tie the other way. No test pins which models or quantizations differ.
 
 The step loop itself is in runtime/engine_loop.py.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
 from collections.abc import Sequence
 from typing import Any
 
-from devices.backends import BackendName
 from runtime.backends.llamacpp_batch import LlamaCppBatch
-from runtime.bundle import ModelKind
 from runtime.chat import start_chat
 from runtime.engine_loop import Loop
 from runtime.engine_requests import EngineResult, Event, GenHandle, GenRequest
 from runtime.engine_seq import SeqState
 from runtime.errors import BadInput
 from runtime.generation import Truncation
-from runtime.gguf_file import read_gguf
 from runtime.llm import LLM
-from runtime.plan import KVType, MemoryPlan, default_budget, plan_llm
+from runtime.loader import open_llm
+from runtime.plan import KVType, MemoryPlan
 from runtime.prefix_cache import PrefixCache
-from runtime.resolve import ResolvedModel, resolve
+from runtime.resolve import ResolvedModel
 from runtime.sampling import SEED_MAX, SamplingParams
 from runtime.scheduler import Job, Priority, Scheduler
-from runtime.units import parse_size
 
 __all__ = ["Engine", "EngineResult", "Event", "GenHandle", "GenRequest", "Priority"]
 
@@ -105,28 +102,10 @@ class Engine:
              start: bool = True) -> Engine:
         """Resolve, plan (``slots`` sequences of ``ctx`` tokens each; without ``ctx`` the planner splits the
         context between them), place (``threads``: the placement's, the one thread budget of the engine), load."""
-        resolved = resolve(model) if isinstance(model, str) else model
-        budget = parse_size(memory) if isinstance(memory, str) else (memory or default_budget())
-        kv = KVType(kv_type) if isinstance(kv_type, str) else kv_type
-        manifest = resolved.manifest
-        if manifest.kind != ModelKind.LLM or manifest.backend != BackendName.LLAMACPP:
-            raise BadInput(f"{manifest.ref} is a {manifest.kind.value} model for {manifest.backend.value}; "
-                           "the engine runs GGUF language models")
-        with contextlib.ExitStack() as undo:
-            with resolved.opened(manifest.file("weights").path) as (weights,):  # the verified file (runtime.loader)
-                info = read_gguf(weights)
-                plan = plan_llm(info, budget, name=manifest.ref, ctx=ctx, kv_type=kv, prefix_cache_bytes=prefix_cache_bytes,
-                                slots=slots)
-                from devices.placement import resolve_placement
-
-                placement = resolve_placement(BackendName.LLAMACPP, target, require_accelerator=require_accelerator,
-                                              threads=threads, n_layers=int(info.arch_value("block_count", 0) or 0))
-                backend = LlamaCppBatch(weights, plan, placement)
-                undo.callback(backend.close)
-            placement = placement.loaded(backend.offload(), require_accelerator=require_accelerator)
-            undo.pop_all()
-        log.info("%s; %d slots of %d tokens", placement.summary(), plan.n_slots, plan.slot_ctx)
-        return cls(resolved, plan, backend, placement, max_queued=max_queued, aging_s=aging_s,
+        opened = open_llm(model, memory=memory, ctx=ctx, kv_type=kv_type, threads=threads, target=target,
+                          require_accelerator=require_accelerator, prefix_cache_bytes=prefix_cache_bytes, slots=slots,
+                          backend=LlamaCppBatch)
+        return cls(opened.model, opened.plan, opened.backend, opened.placement, max_queued=max_queued, aging_s=aging_s,
                    prefill_chunk=prefill_chunk, start=start)
 
     # -- requests ------------------------------------------------------------------------------------------------

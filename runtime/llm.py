@@ -24,11 +24,10 @@ from runtime.errors import BadInput
 from runtime.generation import Generation, Result, Truncation
 from runtime.kv import KVSequence
 from runtime.loader import open_llm
-from runtime.plan import KVType, MemoryPlan, default_budget
+from runtime.plan import KVType, MemoryPlan
 from runtime.prefix_cache import PrefixCache
-from runtime.resolve import ResolvedModel, resolve
+from runtime.resolve import ResolvedModel
 from runtime.sampling import SamplingParams
-from runtime.units import parse_size
 
 __all__ = ["LLM", "Generation", "Result", "Truncation"]
 
@@ -100,11 +99,9 @@ class LLM:
         require_accelerator: bool = False,
         prefix_cache_bytes: int | None = None,
     ) -> LLM:
-        resolved = resolve(model) if isinstance(model, str) else model
-        budget = parse_size(memory) if isinstance(memory, str) else (memory or default_budget())
-        kv = KVType(kv_type) if isinstance(kv_type, str) else kv_type
-        return open_llm(cls, resolved, budget, ctx=ctx, kv_type=kv, threads=threads, target=target,
-                        require_accelerator=require_accelerator, prefix_cache_bytes=prefix_cache_bytes)
+        opened = open_llm(model, memory=memory, ctx=ctx, kv_type=kv_type, threads=threads, target=target,
+                          require_accelerator=require_accelerator, prefix_cache_bytes=prefix_cache_bytes)
+        return cls(opened.model, opened.plan, opened.backend, opened.placement)
 
     def close(self) -> None:
         self.backend.close()

@@ -1,4 +1,4 @@
-"""The load path shared by every LLM entry point: check, plan, place, open.
+"""The load path shared by every LLM entry point (runtime.llm.LLM, runtime.engine.Engine): check, plan, place, open.
 
 Order matters: the GGUF header is validated in Python, the memory plan is made
 (and refused) before anything is allocated, the placement is resolved (and
@@ -9,33 +9,58 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from devices.backends import BackendName
 from runtime.bundle import ModelKind
 from runtime.errors import BadInput
 from runtime.gguf_file import read_gguf
-from runtime.plan import KVType, plan_llm
-from runtime.resolve import ResolvedModel
+from runtime.plan import KVType, MemoryPlan, default_budget, plan_llm
+from runtime.resolve import ResolvedModel, resolve
+from runtime.units import parse_size
 
 if TYPE_CHECKING:
-    from runtime.llm import LLM
+    from devices.placement import Placement
+    from runtime.backends.base import Placed
 
 log = logging.getLogger(__name__)
 
+BackendFactory = Callable[[Path, MemoryPlan, "Placed"], Any]
+
+
+@dataclass(frozen=True)
+class OpenedLLM:
+    """What an LLM entry point is built on: the memory plan, the open backend (the caller owns it and closes it)
+    and the placement with the offload llama.cpp measured."""
+
+    model: ResolvedModel
+    plan: MemoryPlan
+    backend: Any
+    placement: Placement
+
 
 def open_llm(
-    cls: type[LLM],
-    model: ResolvedModel,
-    budget: int,
+    model: str | ResolvedModel,
     *,
+    memory: int | str | None,
     ctx: int | None,
-    kv_type: KVType | None,
+    kv_type: KVType | str | None,
     threads: int | None,
     target: str,
     require_accelerator: bool,
     prefix_cache_bytes: int | None,
-) -> LLM:
+    slots: int = 1,
+    backend: BackendFactory | None = None,
+) -> OpenedLLM:
+    """Resolve ``model`` and open its GGUF within ``memory`` (bytes or a size; None: the default budget).
+    ``slots``: sequences decoded together (runtime.plan.plan_llm); ``backend``: what opens the file, called as
+    ``backend(path, plan, placement)`` (None: the registry's llama.cpp backend, runtime.backends.open_backend)."""
+    model = resolve(model) if isinstance(model, str) else model
+    budget = parse_size(memory) if isinstance(memory, str) else (memory or default_budget())
+    kv_type = KVType(kv_type) if isinstance(kv_type, str) else kv_type
     manifest = model.manifest
     if manifest.kind != ModelKind.LLM or manifest.backend != BackendName.LLAMACPP:
         raise BadInput(f"{manifest.ref} is a {manifest.kind.value} model for {manifest.backend.value}; "
@@ -44,18 +69,24 @@ def open_llm(
         # The header check, the plan and llama.cpp all read the one file that was verified (runtime.checked_open).
         with model.opened(manifest.file("weights").path) as (weights,):
             info = read_gguf(weights)
-            plan = plan_llm(info, budget, name=manifest.ref, ctx=ctx, kv_type=kv_type, prefix_cache_bytes=prefix_cache_bytes)
+            plan = plan_llm(info, budget, name=manifest.ref, ctx=ctx, kv_type=kv_type, prefix_cache_bytes=prefix_cache_bytes,
+                            slots=slots)
             from devices.placement import resolve_placement
 
             n_layers = int(info.arch_value("block_count", 0) or 0)
             placement = resolve_placement(BackendName.LLAMACPP, target, require_accelerator=require_accelerator, threads=threads,
                                           n_layers=n_layers)
-            from runtime.backends import open_backend  # imports llama.cpp only now, once placement allowed it
+            if backend is None:
+                from runtime.backends import open_backend  # imports llama.cpp only now, once placement allowed it
 
-            backend = open_backend(BackendName.LLAMACPP, weights, plan, placement)
-            undo.callback(backend.close)
-        placement = placement.loaded(backend.offload(), require_accelerator=require_accelerator)  # measured by llama.cpp
+                opened = open_backend(BackendName.LLAMACPP, weights, plan, placement)
+            else:
+                opened = backend(weights, plan, placement)
+            undo.callback(opened.close)
+        placement = placement.loaded(opened.offload(), require_accelerator=require_accelerator)  # measured by llama.cpp
         undo.pop_all()
-    log.info("%s", placement.summary())
-    return cls(model, plan, backend, placement)
-
+    if slots == 1:
+        log.info("%s", placement.summary())
+    else:
+        log.info("%s; %d slots of %d tokens", placement.summary(), plan.n_slots, plan.slot_ctx)
+    return OpenedLLM(model, plan, opened, placement)

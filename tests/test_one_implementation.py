@@ -67,3 +67,33 @@ def test_each_manifest_section_is_defined_once_beside_the_envelope() -> None:
 def test_name_from_always_gives_a_valid_name(text: str, name: str) -> None:
     assert name_from(text) == name
     assert check_name(name_from(text)) == name and NAME_RE.fullmatch(name)
+
+
+def _functions_using(*names: str) -> list[str]:
+    """``path:function`` of every function (methods too) whose body names all of ``names`` (called or read)."""
+    found = []
+    for p, src in _sources().items():
+        for node in ast.walk(ast.parse(src)):
+            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            used = {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
+            used |= {n.attr for n in ast.walk(node) if isinstance(n, ast.Attribute)}
+            if all(name in used for name in names):
+                found.append(f"{p.relative_to(ROOT).as_posix()}:{node.name}")
+    return found
+
+
+def test_language_models_load_through_one_path() -> None:
+    # Reading a GGUF and resolving where it runs, in one function, is the LLM load path (check, plan, place, open,
+    # measure the offload): runtime.loader.open_llm, which LLM.load and Engine.load (with slots and the batched
+    # backend) both call. Planning alone (the residency manager's plan_bytes) reads the GGUF but places nothing.
+    assert _functions_using("read_gguf", "resolve_placement") == ["runtime/loader.py:open_llm"]
+    assert _functions_using("open_llm") == ["runtime/engine.py:load", "runtime/llm.py:load"]
+
+
+def test_llamacpp_offload_is_measured_in_one_place() -> None:
+    # The layer count and the per-device tally from llama.cpp's log: one function, which both llama.cpp backends
+    # (single sequence and batched) call from their offload().
+    assert _functions_using("llama_model_n_layer") == ["runtime/backends/llamacpp.py:layer_offload"]
+    offloads = [where for where in _functions_using("layer_offload") if where.endswith(":offload")]
+    assert offloads == ["runtime/backends/llamacpp.py:offload", "runtime/backends/llamacpp_batch.py:offload"]

@@ -79,6 +79,24 @@ def gpu_offload_supported() -> bool:
     return bool(llama_cpp.llama_supports_gpu_offload())
 
 
+def layer_offload(model: Any, layer_devices: dict[int, str], *, gpu_offload: bool, gpu_layers: int) -> Offload:
+    """:class:`~runtime.backends.base.Offload` of the llama.cpp ``model`` (a ``llama_model`` pointer): layers (the
+    output layer counted) on a device other than the CPU, from ``layer_devices`` (:func:`_layer_devices` while it
+    loaded); unmeasured (``on_accelerator`` None) when llama.cpp did not log every layer's device. Every llama.cpp
+    backend (single sequence, batched) reports its offload through this one function."""
+    total = llama_cpp.llama_model_n_layer(model) + llama_cpp.llama_model_n_layer_nextn(model) + 1
+    if len(layer_devices) != total:
+        # This llama.cpp did not log its layer assignment: without GPU offload in the build nothing
+        # can have left the CPU; with it, the count is unknown and reported as unmeasured, beside what was asked.
+        if not gpu_offload:
+            return Offload("layers", 0, total, by_device=((CPU_DEVICE, total),))
+        why = f"llama.cpp logged the device of {len(layer_devices)} of its {total} layers"
+        log.warning("%s", why)
+        return Offload("layers", None, total, why=why, asked=min(gpu_layers, total))
+    on = sum(1 for device in layer_devices.values() if device != CPU_DEVICE)
+    return Offload("layers", on, total, by_device=tuple(sorted(Counter(layer_devices.values()).items())))
+
+
 class LlamaCppBackend(LLMBackend):
     name = BackendName.LLAMACPP.value
 
@@ -115,20 +133,8 @@ class LlamaCppBackend(LLMBackend):
         self._specials: tuple[SpecialToken, ...] | None = None
 
     def offload(self) -> Offload:
-        """:class:`~runtime.backends.base.Offload`: layers (the output layer counted) on a device other than the CPU;
-        unmeasured (``on_accelerator`` None) when llama.cpp did not log every layer's device."""
-        model = self._llm._model.model
-        total = llama_cpp.llama_model_n_layer(model) + llama_cpp.llama_model_n_layer_nextn(model) + 1
-        if len(self._layer_devices) != total:
-            # This llama.cpp did not log its layer assignment: without GPU offload in the build nothing
-            # can have left the CPU; with it, the count is unknown and reported as unmeasured, beside what was asked.
-            if not self.gpu_offload:
-                return Offload("layers", 0, total, by_device=((CPU_DEVICE, total),))
-            why = f"llama.cpp logged the device of {len(self._layer_devices)} of its {total} layers"
-            log.warning("%s", why)
-            return Offload("layers", None, total, why=why, asked=min(self._gpu_layers, total))
-        on = sum(1 for device in self._layer_devices.values() if device != CPU_DEVICE)
-        return Offload("layers", on, total, by_device=tuple(sorted(Counter(self._layer_devices.values()).items())))
+        return layer_offload(self._llm._model.model, self._layer_devices, gpu_offload=self.gpu_offload,
+                             gpu_layers=self._gpu_layers)
 
     def close(self) -> None:
         llm, self._llm = getattr(self, "_llm", None), None

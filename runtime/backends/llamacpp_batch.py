@@ -20,7 +20,7 @@ from typing import Any
 
 from devices.backends import BackendName
 from runtime.backends.base import Offload, Placed, SpecialToken
-from runtime.backends.llamacpp import CPU_DEVICE, REPEAT_LAST_N, LlamaCppBackend, _layer_devices, gpu_offload_supported
+from runtime.backends.llamacpp import REPEAT_LAST_N, LlamaCppBackend, _layer_devices, gpu_offload_supported, layer_offload
 from runtime.errors import BackendError, missing, one_line
 from runtime.plan import MemoryPlan
 from runtime.sampling import SamplingParams
@@ -122,16 +122,8 @@ class LlamaCppBatch:
 
     def offload(self) -> Offload:
         """Layers (the output layer counted) per device, from llama.cpp's log while the model loaded."""
-        model = self._model.model
-        total = llama_cpp.llama_model_n_layer(model) + llama_cpp.llama_model_n_layer_nextn(model) + 1
-        if len(self._layer_devices) != total:
-            if not self.gpu_offload:
-                return Offload("layers", 0, total, by_device=((CPU_DEVICE, total),))
-            why = f"llama.cpp logged the device of {len(self._layer_devices)} of its {total} layers"
-            return Offload("layers", None, total, why=why, asked=min(self._gpu_layers, total))
-        devices = list(self._layer_devices.values())
-        by_device = tuple(sorted((d, devices.count(d)) for d in set(devices)))
-        return Offload("layers", sum(1 for d in devices if d != CPU_DEVICE), total, by_device=by_device)
+        return layer_offload(self._model.model, self._layer_devices, gpu_offload=self.gpu_offload,
+                             gpu_layers=self._gpu_layers)
 
     # -- text ----------------------------------------------------------------------------------------------------
     def tokenize(self, text: str, *, add_bos: bool, special: bool) -> list[int]:
