@@ -85,7 +85,7 @@ class Generation:
 
     def _fit_prompt(self) -> list[int]:
         n_ctx = self.llm.n_ctx
-        room = max(1, min(self.params.max_tokens, n_ctx // 4))
+        room = answer_room(self.params.max_tokens, n_ctx)
         prompt = self.prompt
         if len(prompt) + room <= n_ctx:
             return prompt
@@ -168,6 +168,12 @@ class Generation:
             truncations=self.truncations,
             prefix_cache=llm.prefix_cache.stats(),
         )
+
+
+def answer_room(max_tokens: int, n_ctx: int) -> int:
+    """The cells a context keeps free for the answer when a prompt is fitted into it (the one rule of the
+    single-stream LLM, the batching engine's slots and the server's refusals): ``max_tokens``, at most a quarter."""
+    return max(1, min(max_tokens, n_ctx // 4))
 
 
 def _find_stop(text: str, stops: Sequence[str], start: int) -> int | None:

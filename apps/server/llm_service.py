@@ -9,20 +9,8 @@ from __future__ import annotations
 from typing import Any
 
 from runtime.errors import BadInput
-from runtime.generation import Truncation
+from runtime.generation import Truncation, answer_room
 from runtime.sampling import SamplingParams
-
-
-def answer_room(max_tokens: int, slot_ctx: int) -> int:
-    """The room runtime.engine.Engine keeps in a slot for the answer when it fits a prompt (its rule)."""
-    return max(1, min(max_tokens, slot_ctx // 4))
-
-
-def fit_cut(n_prompt: int, max_tokens: int, slot_ctx: int) -> Truncation | None:
-    """What the engine drops from an ``n_prompt``-token prompt to fit a slot (with ``truncate``), or None: known
-    before the answer starts, so a stream's header can say it."""
-    over = n_prompt + answer_room(max_tokens, slot_ctx) - slot_ctx
-    return Truncation("prompt", over, 0) if over > 0 else None
 
 
 def too_long(tokens: int, limit: int, what: str) -> BadInput:
@@ -56,8 +44,7 @@ class EngineService:
         else:
             req = GenRequest(self.engine.tokenize(prompt), params, priority=priority, deadline=deadline, truncate=truncate)
         handle = self.engine.submit(req)  # refuses a prompt that does not fit unless truncate
-        cut = fit_cut(len(req.prompt), params.max_tokens, self.engine.slot_ctx) if truncate else None
-        return handle, list(req.truncations) + ([cut] if cut is not None else [])
+        return handle, list(handle.truncations)  # the turns dropped and the engine's cut, known at submit
 
     def stats(self) -> dict[str, Any]:
         return self.engine.stats()
