@@ -90,6 +90,7 @@ def violations(root: Path) -> dict[str, list[Import]]:
         "a backend imports devices.placement instead of being told its placement": [],
         "converters/audio uses vision's converter instead of the shared classifier core": [],
         "the shared classifier core imports a front end": [],
+        "an app's engine (not its command body, *_cmd.py) imports the command line apps/cli": [],
     }
     keys = list(rules)
     for layer in LAYERS:
@@ -108,6 +109,10 @@ def violations(root: Path) -> dict[str, list[Import]]:
                     rules[keys[4]].append(imp)
                 if imp.file.startswith("converters/classifier/") and _within(imp.module, "converters.audio", *VISION_FRONT_END):
                     rules[keys[5]].append(imp)
+                if (layer == "apps" and not imp.file.startswith("apps/cli/") and not imp.file.endswith("_cmd.py")
+                        and imp.file != "apps/__main__.py"
+                        and _within(imp.module, "apps.cli")):
+                    rules[keys[6]].append(imp)
     return rules
 
 
@@ -233,6 +238,11 @@ def test_function_level_relative_and_dynamic_imports_are_caught(tmp_path: Path) 
         "converters/audio/pipeline.py": "from converters.vision.pipeline import build_quantized\n",
         "converters/classifier/__init__.py": "",
         "converters/classifier/core.py": "def convert():\n    from converters.audio import pipeline\n",
+        "apps/__init__.py": "",
+        "apps/__main__.py": "from apps.cli import main\n",
+        "apps/kiosk/__init__.py": "",
+        "apps/kiosk/dashboard.py": "def serve():\n    from apps.cli.serve_cmd import listen\n",
+        "apps/kiosk/run_cmd.py": "from apps.cli.flags import integer\n",
     })
     found = {rule: [str(imp) for imp in imps] for rule, imps in violations(root).items()}
     assert list(found.values()) == [
@@ -244,6 +254,7 @@ def test_function_level_relative_and_dynamic_imports_are_caught(tmp_path: Path) 
         ["runtime/backends/ort.py:2 imports devices.placement"],
         ["converters/audio/pipeline.py:1 imports converters.vision.pipeline"],
         ["converters/classifier/core.py:2 imports converters.audio.pipeline"],
+        ["apps/kiosk/dashboard.py:2 imports apps.cli.serve_cmd"],
     ], found
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import logging
 import signal
-import socket
 import sys
 
 from apps.cli.flags import integer, size
@@ -69,26 +68,6 @@ def build_config(args: argparse.Namespace):
     return cfg
 
 
-def listen(host: str, port: int) -> socket.socket:
-    """A listening socket on ``host:port``; one line when it cannot be had."""
-    from runtime.errors import BadInput
-
-    try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
-        family, kind, proto, _, address = infos[0]
-        sock = socket.socket(family, kind, proto)
-    except OSError as exc:
-        raise BadInput(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(address)
-        sock.listen(128)
-    except OSError as exc:
-        sock.close()
-        raise BadInput(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
-    return sock
-
-
 def main(args: argparse.Namespace) -> int:
     from apps.server.security import check_bind, load_keys
 
@@ -98,7 +77,7 @@ def main(args: argparse.Namespace) -> int:
     import uvicorn
 
     from apps.server.app import create_app
-    from apps.server.serving import DrainingServer
+    from apps.server.serving import DrainingServer, listen
     from apps.server.state import ServerState
 
     state = ServerState(cfg, keys)

@@ -254,7 +254,7 @@ def serve_dashboard(state: KioskState, host: str = "127.0.0.1", port: int = 8080
     check_bind(host, token)
     import uvicorn
 
-    from apps.cli.serve_cmd import listen
+    from apps.server.serving import listen
 
     sock = listen(host, port)
     bound_host, bound_port = sock.getsockname()[:2]

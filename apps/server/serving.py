@@ -28,3 +28,23 @@ class DrainingServer(uvicorn.Server):
         if grace is not None:
             asyncio.get_running_loop().call_later(max(0.0, grace - STOP_MARGIN_S), self.state.stop_generations)
         await super().shutdown(sockets)
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """A listening socket on ``host:port``; one line when it cannot be had."""
+    from runtime.errors import BadInput
+
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        family, kind, proto, _, address = infos[0]
+        sock = socket.socket(family, kind, proto)
+    except OSError as exc:
+        raise BadInput(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(128)
+    except OSError as exc:
+        sock.close()
+        raise BadInput(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    return sock

@@ -12,10 +12,9 @@ from typing import Any
 
 import uvicorn
 
-from apps.cli.serve_cmd import listen
 from apps.server.app import create_app
 from apps.server.config import ServeConfig
-from apps.server.serving import DrainingServer
+from apps.server.serving import DrainingServer, listen
 from apps.server.state import ServerState
 
 
