@@ -26,7 +26,7 @@ import logging
 import os
 import threading
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -40,6 +40,8 @@ log = logging.getLogger(__name__)
 
 MODEL_NAME = "kiosk"  # the residency manager's name for the deciding model when its bundle's name is not a store name
 MAX_HELD_IMAGES = 4096  # frames kept for the audit trail until their part is decided (bounded by the queue anyway)
+SEEN_WINDOW = 65536  # recent part seqs remembered to catch a part decided twice (seqs only grow)
+MAX_TWICE = 100  # part seqs decided twice, named in the summary
 PLC_DRAIN_S = 5.0  # at shutdown, how long to wait for the PLC to acknowledge what is journaled
 
 
@@ -92,7 +94,10 @@ class Kiosk:
         self._images: dict[int, np.ndarray] = {}
         self._counts: Counter[str] = Counter()
         self._errors: Counter[str] = Counter()
-        self._seqs: Counter[int] = Counter()  # part seq -> decisions handed out (1 each, checked in the summary)
+        self._decided = 0  # decisions handed out (one per part, checked in the summary)
+        self._seen: set[int] = set()  # the last SEEN_WINDOW part seqs decided (a kiosk runs for months: bounded)
+        self._seen_order: deque[int] = deque()
+        self._twice: list[int] = []  # seqs decided twice (at most MAX_TWICE named)
         self.captured = 0
         self.capture_error: str | None = None
         self._started_at = 0.0
@@ -206,7 +211,7 @@ class Kiosk:
         """The pipeline's output thread: the PLC first (the gate waits for it), then the audit trail, then the page."""
         with self._lock:
             image = self._images.pop(decision.seq, None)
-            self._seqs[decision.seq] += 1
+            self._count_decided(decision.seq)
             self._counts[Verdict(decision.verdict).value] += 1
             self._counts["failsafe"] += bool(decision.failsafe)
         for name, write in (("plc", lambda: self.plc.send(decision)),
@@ -218,6 +223,17 @@ class Kiosk:
                 with self._lock:
                     self._errors[name] += 1
                 log.error("kiosk: part %d: %s output failed: %s", decision.seq, name, one_line(exc))
+
+    def _count_decided(self, seq: int) -> None:  # under self._lock
+        self._decided += 1
+        if seq in self._seen:
+            if len(self._twice) < MAX_TWICE:
+                self._twice.append(seq)
+            return
+        self._seen.add(seq)
+        self._seen_order.append(seq)
+        if len(self._seen_order) > SEEN_WINDOW:
+            self._seen.discard(self._seen_order.popleft())
 
     # -- model updates -------------------------------------------------------------------------------------------
     def update_model(self, ref: str, *, canary: float = 0.0) -> str:
@@ -338,11 +354,10 @@ class Kiosk:
     def summary(self) -> dict[str, Any]:
         stats = self.pipeline.stats() if self.pipeline is not None else {}
         with self._lock:
-            counts, seqs = dict(self._counts), dict(self._seqs)
+            counts, decided, twice = dict(self._counts), self._decided, sorted(set(self._twice))
             errors = dict(self._errors)
         end = self._ended_at if self._ended_at is not None else time.monotonic()
         seconds = max(1e-9, end - self._started_at) if self._started_at else 0.0
-        decided = sum(seqs.values())
         total = stats.get("latency_ms", {}).get("total", {})
         plc = self._plc_final or (self.plc.state().to_dict() if self.plc is not None and not self._closed
                                                     else None)
@@ -351,7 +366,7 @@ class Kiosk:
             "version": stats.get("version", ""),
             "placement": stats.get("placement", ""), "threads": self.threads,
             "parts": self.captured, "decided": decided, "undecided": self.captured - decided,
-            "twice": sorted(s for s, n in seqs.items() if n > 1),
+            "twice": twice,
             "pass": counts.get("pass", 0), "reject": counts.get("reject", 0), "review": counts.get("review", 0),
             "failsafe": counts.get("failsafe", 0), "failsafe_by_reason": stats.get("failsafe", {}),
             "latency_ms": {"p50": total.get("p50"), "p99": total.get("p99")},
