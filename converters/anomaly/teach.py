@@ -45,7 +45,7 @@ from converters.vision.source import Source, SourceKind
 from runtime.anomaly import inner, nearest_distances, pooled
 from runtime.bundle import Layout, ModelKind, ResizeMode, VisionSpec, name_from
 from runtime.errors import BadInput, QualityGateFailed
-from runtime.preprocess import image_tensor, load_rgb
+from runtime.preprocess import load_rgb, normalize, resize_rgb
 from runtime.specs.anomaly import AnomalySpec
 
 log = logging.getLogger(__name__)
@@ -97,6 +97,12 @@ def list_images(folder: Path, what: str) -> list[Path]:
     if len(files) > MAX_IMAGES:
         raise BadInput(f"{what} {folder}: {len(files)} images; at most {MAX_IMAGES} are read")
     return files
+
+
+def load_images(files: list[Path], spec: VisionSpec) -> np.ndarray:
+    """The images as one float32 batch at model size, each decoded and resized before the next is read: up to
+    MAX_IMAGES photos of up to MAX_IMAGE_PIXELS each never sit in memory decoded at once."""
+    return normalize(np.stack([resize_rgb(load_rgb(p), spec) for p in files]), spec)
 
 
 def defect_type(path: Path, root: Path) -> str:
@@ -239,8 +245,8 @@ def teach(opts: Options) -> Result:
     zoo_entry = zoo.find(entry.name)
     spec = VisionSpec(size=opts.size, layout=Layout.NHWC, resize=ResizeMode.STRETCH, mean=zoo_entry.mean, std=zoo_entry.std,
                       output_is_logits=False)
-    good_x = image_tensor([load_rgb(p) for p in good_files], spec)
-    bad_x = image_tensor([load_rgb(p) for p in bad_files], spec) if bad_files else None
+    good_x = load_images(good_files, spec)
+    bad_x = load_images(bad_files, spec) if bad_files else None
     work = Path(tempfile.mkdtemp(dir=opts.out.parent, prefix=f".{opts.out.name}.teach-"))
     try:
         return _teach(opts, entry, zoo_entry, spec, good_files, held, good_x, bad_files, bad_x, work)

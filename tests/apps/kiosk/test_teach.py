@@ -111,3 +111,29 @@ def test_taught_versions_install_and_roll_back(taught, taught_supervised, store)
     store.rollback("parts")
     with AnomalyDetector.load("parts", threads=1) as det:
         assert det.model.manifest.version == first.manifest.version and det.head is None
+
+
+def test_teaching_images_are_decoded_one_at_a_time(tmp_path: Path) -> None:
+    """A folder of big photos: each is decoded and scaled to model size before the next is read, so memory holds
+    one full-size photo, not the folder's (2000 photos of up to 64 Mpx would be hundreds of GB at once)."""
+    import tracemalloc
+
+    from PIL import Image
+
+    from converters.anomaly.teach import load_images
+    from runtime.bundle import Layout, ResizeMode, VisionSpec
+
+    files = []
+    for i in range(10):
+        files.append(tmp_path / f"{i}.png")
+        Image.new("RGB", (1600, 1200), (10 * i, 100, 200)).save(files[-1])
+    one = 1600 * 1200 * 3
+    spec = VisionSpec(size=32, layout=Layout.NHWC, resize=ResizeMode.STRETCH, output_is_logits=False)
+    tracemalloc.start()
+    try:
+        x = load_images(files, spec)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert x.shape == (10, 32, 32, 3) and x.dtype == np.float32
+    assert peak < 3 * one, f"{peak / one:.1f} decoded photos held at once"
