@@ -92,16 +92,19 @@ def test_file_size_cap_is_checked_before_reading(tmp_path, monkeypatch):
 
 def test_watched_folder_picks_up_new_files_once_settled(tmp_path):
     _png(tmp_path / "000.png", mp.render(0, None, 0, 32))
-    src = FolderSource(tmp_path, watch=True, poll_s=0.02, settle_s=0.15, idle_s=1.0)
+    src = FolderSource(tmp_path, watch=True, poll_s=0.02, settle_s=0.6, idle_s=1.0)
     got: list = []
     reader = threading.Thread(target=lambda: got.extend(src))
     reader.start()
-    time.sleep(0.3)
+    end = time.monotonic() + 10
+    while not got and time.monotonic() < end:  # a loaded box may take longer than any fixed sleep
+        time.sleep(0.01)
     assert [p.frame_id for p in got] == ["000.png"]
     _png(tmp_path / "sub" / "001.png", mp.render(0, "spot", 0, 32))
     time.sleep(0.05)
-    assert len(got) == 1  # too fresh: a camera may still be writing it
-    time.sleep(0.3)
+    assert len(got) == 1  # too fresh: a camera may still be writing it (0.55 s of slack for a loaded box)
+    while len(got) < 2 and time.monotonic() < end + 10:
+        time.sleep(0.01)
     _png(tmp_path / "002.png", mp.render(0, None, 1, 32))
     reader.join(5.0)  # ends itself after idle_s without a new file
     assert not reader.is_alive()
