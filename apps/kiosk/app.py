@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import os
+import queue
 import threading
 import time
 from collections import Counter, deque
@@ -42,6 +43,9 @@ MODEL_NAME = "kiosk"  # the residency manager's name for the deciding model when
 MAX_HELD_IMAGES = 4096  # frames kept for the audit trail until their part is decided (bounded by the queue anyway)
 SEEN_WINDOW = 65536  # recent part seqs remembered to catch a part decided twice (seqs only grow)
 MAX_TWICE = 100  # part seqs decided twice, named in the summary
+RECORD_QUEUE = 4096  # decisions waiting for the audit trail and the dashboard (beyond: the line waits, logged)
+RECORD_IMAGES = 32  # of them with their frame; past that a record goes without it (the row is what matters)
+RECORDS_DRAIN_S = 60.0  # at shutdown, how long the audit trail may take for the decisions still queued
 PLC_DRAIN_S = 5.0  # at shutdown, how long to wait for the PLC to acknowledge what is journaled
 
 
@@ -98,6 +102,10 @@ class Kiosk:
         self._seen: set[int] = set()  # the last SEEN_WINDOW part seqs decided (a kiosk runs for months: bounded)
         self._seen_order: deque[int] = deque()
         self._twice: list[int] = []  # seqs decided twice (at most MAX_TWICE named)
+        # decision -> audit trail + dashboard, off the line's thread: a slow disk never delays the next PLC write
+        self._records: queue.Queue[tuple[Decision, np.ndarray | None] | None] = queue.Queue(RECORD_QUEUE)
+        self._recorder: threading.Thread | None = None
+        self._records_with_image = 0
         self.captured = 0
         self.capture_error: str | None = None
         self._started_at = 0.0
@@ -169,6 +177,7 @@ class Kiosk:
                  self.pipeline.placement or "placed", cfg.plc, self.threads,
                  f"; dashboard {self.dashboard.url}" if self.dashboard else "")
         self._started_at = time.monotonic()
+        self._start_recorder()
         self._capture = threading.Thread(target=self._capture_loop, name="kiosk-capture", daemon=True)
         self._capture.start()
 
@@ -208,21 +217,58 @@ class Kiosk:
         self.pipeline.submit(part)
 
     def _on_decision(self, decision: Decision) -> None:
-        """The pipeline's output thread: the PLC first (the gate waits for it), then the audit trail, then the page."""
+        """The pipeline's output thread: the PLC now (the gate waits for it); the audit trail and the page get it
+        from the recorder thread, so a slow disk or page never delays the next part's PLC write."""
         with self._lock:
             image = self._images.pop(decision.seq, None)
             self._count_decided(decision.seq)
             self._counts[Verdict(decision.verdict).value] += 1
             self._counts["failsafe"] += bool(decision.failsafe)
-        for name, write in (("plc", lambda: self.plc.send(decision)),
-                            ("audit", lambda: self.audit.record(decision, image)),
-                            ("dashboard", lambda: self.state.on_decision(decision, image))):
-            try:
-                write()
-            except Exception as exc:  # one output failing must not cost the others this decision
+            if image is not None:
+                if self._records_with_image >= RECORD_IMAGES:  # the recorder is behind: memory stays bounded
+                    image = None
+                    self._counts["record_images_dropped"] += 1
+                else:
+                    self._records_with_image += 1
+        self._output("plc", lambda: self.plc.send(decision), decision)
+        item = (decision, image)
+        try:
+            self._records.put_nowait(item)
+        except queue.Full:
+            log.warning("kiosk: %d decisions wait for the audit trail; the line waits for it", RECORD_QUEUE)
+            self._records.put(item)  # never a lost row: back-pressure, after a long buffer
+
+    def _output(self, name: str, write: Callable[[], object], decision: Decision) -> None:
+        try:
+            write()
+        except Exception as exc:  # one output failing must not cost the others this decision
+            with self._lock:
+                self._errors[name] += 1
+            log.error("kiosk: part %d: %s output failed: %s", decision.seq, name, one_line(exc))
+
+    def _start_recorder(self) -> None:
+        self._recorder = threading.Thread(target=self._record_loop, name="kiosk-records", daemon=True)
+        self._recorder.start()
+
+    def _record_loop(self) -> None:
+        while (item := self._records.get()) is not None:
+            decision, image = item
+            if image is not None:
                 with self._lock:
-                    self._errors[name] += 1
-                log.error("kiosk: part %d: %s output failed: %s", decision.seq, name, one_line(exc))
+                    self._records_with_image -= 1
+            self._output("audit", lambda d=decision, i=image: self.audit.record(d, i), decision)
+            self._output("dashboard", lambda d=decision, i=image: self.state.on_decision(d, i), decision)
+            self._records.task_done()
+        self._records.task_done()
+
+    def _records_idle(self, timeout: float | None) -> bool:
+        """Until every decision handed out so far is in the audit trail and on the page."""
+        end = None if timeout is None else time.monotonic() + timeout
+        while self._records.unfinished_tasks and self._recorder is not None and self._recorder.is_alive():
+            if end is not None and time.monotonic() >= end:
+                return False
+            time.sleep(0.005)
+        return True
 
     def _count_decided(self, seq: int) -> None:  # under self._lock
         self._decided += 1
@@ -300,7 +346,9 @@ class Kiosk:
             if end is not None and time.monotonic() >= end:
                 return False
         left = None if end is None else max(0.0, end - time.monotonic())
-        return self.pipeline.wait_idle(left)
+        if not self.pipeline.wait_idle(left):
+            return False
+        return self._records_idle(None if end is None else max(0.0, end - time.monotonic()))
 
     def run(self) -> dict[str, Any]:
         """start(), wait(), close(); returns the summary."""
@@ -324,6 +372,11 @@ class Kiosk:
                 log.warning("kiosk: the capture thread did not stop within 10 s")
         if self.pipeline is not None:
             self.pipeline.close()  # every part still queued or in flight is decided and handed out here
+        if self._recorder is not None:  # every decision handed out reaches the audit trail before it closes
+            self._records.put(None)
+            self._recorder.join(RECORDS_DRAIN_S)
+            if self._recorder.is_alive():
+                log.error("kiosk: the audit trail did not take the last decisions within %.0f s", RECORDS_DRAIN_S)
         self._ended_at = time.monotonic()
         if self.plc is not None and self.plc_drain_s > 0 and not self.plc.drain(self.plc_drain_s):
             log.warning("kiosk: %d decisions not acknowledged by the PLC yet; journaled for the next start",

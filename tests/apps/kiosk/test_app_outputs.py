@@ -3,6 +3,8 @@ on a line that runs for months, and one output failing or stalling never costs t
 
 from __future__ import annotations
 
+import threading
+import time
 from collections import deque
 from types import SimpleNamespace
 
@@ -51,11 +53,43 @@ def test_bookkeeping_per_part_stays_bounded_and_still_catches_a_second_decision(
     monkeypatch.setattr(kiosk_app, "SEEN_WINDOW", 100, raising=False)
     out = Outputs()
     k = kiosk(out)
+    k._start_recorder()
     for seq in range(1000):
         k._on_decision(decision(seq))
     k._on_decision(decision(990))  # a part decided again: named
     sizes = {name: len(v) for name, v in vars(k).items() if isinstance(v, (dict, set, list, deque))}
     assert max(sizes.values()) <= 100, sizes  # nothing grows with the parts seen
+    assert k._records_idle(10)
     s = k.summary()
     assert (s["decided"], s["twice"]) == (1001, [990])
     assert out.plc == out.audit == out.dashboard == [*range(1000), 990]
+
+
+class StuckAudit(Outputs):
+    """An audit trail on a disk that stops answering until ``release`` is set."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.release = threading.Event()
+
+    def record(self, d: Decision, image: object = None) -> int:
+        self.release.wait(10)
+        return super().record(d, image)
+
+
+def test_a_stalled_audit_trail_never_holds_up_the_plc() -> None:
+    out = StuckAudit()
+    k = kiosk(out)
+    k._start_recorder()
+    line = threading.Thread(target=lambda: [k._on_decision(decision(seq)) for seq in range(20)])
+    line.start()
+    try:
+        end = time.monotonic() + 5
+        while len(out.plc) < 20 and time.monotonic() < end:
+            time.sleep(0.01)
+        assert out.plc == list(range(20)) and out.audit == []  # every part reached the gate; the disk still hangs
+    finally:
+        out.release.set()
+        line.join()
+    assert k._records_idle(10)
+    assert out.audit == out.dashboard == list(range(20))  # none lost, in order
