@@ -49,12 +49,19 @@ LATENCY_WINDOW = 2048  # recent decisions the p50/p99 are computed over
 LOAD_WAIT_S = 30.0  # how long swap() waits for room in the residency budget
 
 
+def _running() -> Future:
+    """A Future the caller cannot cancel: the part's decision goes to the PLC whatever the caller does with it."""
+    future: Future = Future()
+    future.set_running_or_notify_cancel()
+    return future
+
+
 @dataclass(eq=False)
 class _Ticket:
     part: Part
     deadline: float
     submitted: float
-    out: Future = field(default_factory=Future)  # the caller's Future[Decision]
+    out: Future = field(default_factory=lambda: _running())  # the caller's Future[Decision]
     lock: threading.Lock = field(default_factory=threading.Lock)
     decided: bool = False
     job: Future | None = None  # the batcher's

@@ -232,6 +232,17 @@ def test_swap_is_atomic_between_parts_with_parts_in_flight(bundles: dict[str, Pa
             assert parts[d.seq].t_capture + d.latency_ms["total"] / 1000 >= ready - 1e-5
 
 
+def test_a_caller_cancelling_its_future_does_not_take_the_decision_from_the_line(bundles: dict[str, Path]) -> None:
+    line = Line(bundles["1"], deadline_ms=2000)
+    try:
+        futures = [line.pipeline.submit(part(seq, "scratch")) for seq in range(4)]
+        assert not any(f.cancel() for f in futures)  # the part is on the belt: its decision is not the caller's to drop
+        got = exactly_once(line, 4)
+    finally:
+        line.close()
+    assert all(got[s].verdict is Verdict.REJECT and f.result(1) == got[s] for s, f in enumerate(futures))
+
+
 def test_a_swap_loads_beside_the_deciding_version_so_the_line_never_waits_for_it(bundles: dict[str, Path]) -> None:
     loader = TimedLoader()
     loader.load_s[str(bundles["2"])] = 2.0  # far beyond the deadline: a part that waited for the load would fail safe
