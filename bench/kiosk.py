@@ -394,9 +394,9 @@ def main() -> int:
             print("anomaly anomalib done", file=sys.stderr, flush=True)
             for name, b in bundles.items():
                 ours = out["anomaly"][f"edgerun {name}"]
-                ours["latency_ms_after_anomalib"] = again = edgerun_latency_again(b["path"], items, args.runs)
-                if again["p50"] > ours["latency_ms"]["p50"]:
-                    ours["latency_ms"], ours["latency_ms_after_anomalib"] = again, ours["latency_ms"]
+                again = edgerun_latency_again(b["path"], items, args.runs)
+                ours["latency_ms_before_after_anomalib"] = [ours["latency_ms"], again]
+                ours["latency_ms"] = max(ours["latency_ms"], again, key=lambda m: m["p50"])  # the slower is compared
         images = [load_rgb(it["file"]) for it in items]
         out["line"] = []
         runs = [(name, max_batch, None) for name in bundles for max_batch in (1, 8)]
