@@ -272,6 +272,29 @@ def test_a_swap_loads_beside_the_deciding_version_so_the_line_never_waits_for_it
     assert (got[len(parts) - 1].version, got[len(parts) - 1].verdict) == ("2", Verdict.REJECT)
 
 
+def test_a_swap_without_room_for_two_versions_swaps_in_place(bundles: dict[str, Path],
+                                                              caplog: pytest.LogCaptureFixture) -> None:
+    from runtime.residency import RESERVE_FRACTION
+
+    spec = ModelSpec("parts", str(bundles["1"]), "vision", pinned=True, options={"threads": 1, "batch": 8})
+    with ResidencyManager(1 << 30) as probe:
+        probe.add(spec)
+        planned = probe.planned_bytes("parts")
+    decisions: list[Decision] = []
+    with ResidencyManager(int(planned / (1 - RESERVE_FRACTION)) + 64) as rm:  # one version fits, two do not
+        rm.add(spec)
+        with Pipeline("parts", rm, POLICY, deadline_ms=2000, on_decision=decisions.append) as pipeline:
+            with caplog.at_level(logging.WARNING, logger="apps.kiosk.pipeline"):
+                assert pipeline.swap(str(bundles["2"])) == "2"
+            assert "no room" in caplog.text and [s.ref for s in rm.specs()] == [str(bundles["2"])]
+            pipeline.submit(part(0))
+            assert pipeline.wait_idle(5)
+            assert pipeline.rollback() == "1"
+            pipeline.submit(part(1))
+            assert pipeline.wait_idle(5)
+    assert [(d.version, d.verdict, d.failsafe) for d in decisions] == [("2", Verdict.REJECT, False), ("1", Verdict.PASS, False)]
+
+
 def spotted(seq: int) -> Part:
     p = part(seq, "good")
     p.image[:6, :6] = (40, 40, 220)  # a blue spot in the top left corner of a red part
