@@ -207,9 +207,8 @@ class Pipeline:
             t_infer = time.monotonic()
             rulings = {i: adapter.rule(model, self.policy, out) for i, out in zip(where, outputs, strict=True)}
             times = (leased, t_prep, t_infer, time.monotonic())
-        with self._lock:
+        with self._lock:  # the version deciding now is swap()'s to set: a batch of the old one may end after it
             self._batch_sizes[len(tickets)] += 1
-            self._version = version
         canary = self._canary
         results = []
         for i, ticket in enumerate(tickets):

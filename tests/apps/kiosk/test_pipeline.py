@@ -295,6 +295,21 @@ def test_a_swap_without_room_for_two_versions_swaps_in_place(bundles: dict[str, 
     assert [(d.version, d.verdict, d.failsafe) for d in decisions] == [("2", Verdict.REJECT, False), ("1", Verdict.PASS, False)]
 
 
+def test_the_version_shown_is_the_new_one_after_a_batch_of_the_old_one_ends(bundles: dict[str, Path]) -> None:
+    loader = TimedLoader()
+    line = Line(bundles["1"], loader, deadline_ms=5000, max_batch=1)
+    try:
+        loader.infer_s = 0.3
+        line.pipeline.submit(part(0))
+        assert until(lambda: loader.batch_sizes == [1])  # version 1 is deciding part 0
+        assert line.pipeline.swap(str(bundles["2"])) == "2"
+        got = exactly_once(line, 1)
+        stats = line.pipeline.stats()
+    finally:
+        line.close()
+    assert got[0].version == "1" and stats["version"] == "2"  # the dashboard and fail-safe rows name version 2
+
+
 def spotted(seq: int) -> Part:
     p = part(seq, "good")
     p.image[:6, :6] = (40, 40, 220)  # a blue spot in the top left corner of a red part
