@@ -215,6 +215,9 @@ def test_swap_is_atomic_between_parts_with_parts_in_flight(bundles: dict[str, Pa
         feeder.start()
         time.sleep(0.2)
         assert line.pipeline.swap(str(bundles["2"])) == "2"
+        after = len(parts)
+        while len(parts) < after + 10:  # parts after the switch (the old version decided those during the load)
+            time.sleep(0.01)
         stop.set()
         feeder.join()
         got = exactly_once(line, len(parts))
