@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from runtime.chat_template import ChatTemplate
 from runtime.errors import BadInput
-from runtime.generation import Generation, Truncation
+from runtime.generation import Generation, Truncation, answer_room
 from runtime.prefix_cache import common_prefix
 from runtime.sampling import SamplingParams
 
@@ -42,7 +42,7 @@ def start_chat(llm: LLM, messages: list[dict[str, str]], params: SamplingParams)
     template = llm.chat_template
     system = [m for m in messages if m["role"] == "system"][:1]
     rest = [m for m in messages if m not in system]
-    room = max(1, min(params.max_tokens, llm.n_ctx // 4))
+    room = answer_room(params.max_tokens, llm.n_ctx)
     dropped_msgs = dropped_tokens = 0
     tokens = _tokens(llm, template, system + rest)
     # Once turns must go, free a quarter of the context more than needed, so that the

@@ -41,7 +41,7 @@ from runtime.engine_loop import Loop
 from runtime.engine_requests import EngineResult, Event, GenHandle, GenRequest
 from runtime.engine_seq import SeqState
 from runtime.errors import BadInput
-from runtime.generation import Truncation
+from runtime.generation import Truncation, answer_room
 from runtime.llm import LLM
 from runtime.loader import open_llm
 from runtime.plan import KVType, MemoryPlan
@@ -139,7 +139,7 @@ class Engine:
              truncations: list[Truncation]) -> tuple[list[int], int]:
         """The prompt as a slot can hold it, with room for the answer (as the single-stream LLM leaves it)."""
         n, limit = len(tokens), self.slot_ctx
-        room = max(1, min(params.max_tokens, limit // 4))
+        room = answer_room(params.max_tokens, limit)
         if n + room <= limit:
             return tokens, keep
         if not truncate:
