@@ -97,3 +97,10 @@ def test_llamacpp_offload_is_measured_in_one_place() -> None:
     assert _functions_using("llama_model_n_layer") == ["runtime/backends/llamacpp.py:layer_offload"]
     offloads = [where for where in _functions_using("layer_offload") if where.endswith(":offload")]
     assert offloads == ["runtime/backends/llamacpp.py:offload", "runtime/backends/llamacpp_batch.py:offload"]
+
+
+def test_the_answers_room_in_a_context_is_one_rule() -> None:
+    # The cells kept free for the answer when a prompt is fitted (LLM, chat, engine slots, the server's refusals).
+    rule = re.compile(r"max\(1, min\([^)]*max_tokens[^)]*// 4\)\)")
+    where = [p.relative_to(ROOT).as_posix() for p, src in _sources().items() if rule.search(src)]
+    assert where == ["runtime/generation.py"]
