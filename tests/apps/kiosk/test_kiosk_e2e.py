@@ -289,7 +289,7 @@ def test_overloaded_box_decides_fail_safe_and_counts(tmp_path: Path, line: Line,
     n = len(labels_of(parts / "test"))
     exactly_once(summary, rows, line, n)
     by_reason = summary["failsafe_by_reason"]
-    assert by_reason["saturated"] > 0 and by_reason["deadline"] >= 0
+    assert by_reason["saturated"] > 0  # the overloaded line says it is saturated
     assert summary["failsafe"] == sum(r["failsafe"] for r in rows) == sum(by_reason.values())
     assert summary["failsafe"] < n  # the model still decided some
     assert all(r["verdict"] == "reject" for r in rows if r["failsafe"])
