@@ -87,6 +87,7 @@ def command(name: str, gguf: Path, port: int, workdir: Path) -> list[str]:
     if name == "llama_cpp.server":
         return [sys.executable, "-m", "llama_cpp.server", "--model", str(gguf), "--model_alias", MODEL_NAME,
                 "--n_threads", str(THREADS), "--n_threads_batch", str(THREADS), "--n_ctx", str(SLOT_CTX),
+                "--interrupt_requests", "False",  # its default cuts a stream short when the next request comes
                 "--host", "127.0.0.1", "--port", str(port)]
     return [str(LLAMA_SERVER), "-m", str(gguf), "--alias", MODEL_NAME, "-t", str(THREADS), "-tb", str(THREADS),
             "--parallel", str(SLOTS), "--cont-batching", "-c", str(SLOTS * SLOT_CTX), "--host", "127.0.0.1",
