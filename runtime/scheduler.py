@@ -31,6 +31,7 @@ from runtime.errors import BadInput, Cancelled, QueueFull
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_QUEUED = 64
+MAX_PREEMPTIONS = 2  # a batch job is preempted at most this often, so urgent work can never starve it
 SERVICE_WINDOW = 32  # recent completions the retry_after estimate is computed from
 DEFAULT_SERVICE_S = 1.0  # the service time assumed before anything has been served
 MAX_RETRY_AFTER_S = 600.0
@@ -64,7 +65,9 @@ class Job:
 
     ``deadline`` is an absolute clock time (seconds); ``enqueued_at`` is set by the first :meth:`Scheduler.submit`
     and kept through requeues (aging counts from it). ``started_at`` and ``admitted_as`` (the class it was served
-    as, after aging) are set by :meth:`Scheduler.pop`; a job that aged out of BATCH is never chosen as a victim.
+    as, after aging) are set by :meth:`Scheduler.pop`. ``preemptions`` counts its requeues: a BATCH job stays a
+    victim candidate after aging (or an urgent request would wait behind old batch work for a whole answer), but
+    only until it has been preempted ``max_preemptions`` times, which is what keeps it from starving.
     """
 
     payload: Any
@@ -75,6 +78,7 @@ class Job:
     enqueued_at: float | None = None
     started_at: float | None = None
     admitted_as: Priority | None = None
+    preemptions: int = 0
     cancelled: threading.Event = field(default_factory=threading.Event, repr=False)
 
     def cancel(self) -> None:
@@ -114,11 +118,14 @@ class Scheduler:
     """Bounded priority queues with aging, deadlines, cancellation and preemption choices. Thread-safe."""
 
     def __init__(self, *, max_queued: int | Mapping[Priority, int] = DEFAULT_MAX_QUEUED, aging_s: float = 5.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, max_preemptions: int = MAX_PREEMPTIONS) -> None:
         if isinstance(aging_s, bool) or not isinstance(aging_s, (int, float)) or not aging_s > 0:
             raise BadInput(f"aging_s must be a positive number of seconds (math.inf: no aging), not {aging_s!r}")
         self.bounds = _bounds(max_queued)
         self.aging_s = float(aging_s)
+        if isinstance(max_preemptions, bool) or not isinstance(max_preemptions, int) or max_preemptions < 0:
+            raise BadInput(f"max_preemptions must be a whole number >= 0, not {max_preemptions!r}")
+        self.max_preemptions = max_preemptions
         self.clock = clock
         self.on_drop: Callable[[Job, str], None] | None = None
         self._queues: dict[Priority, deque[Job]] = {p: deque() for p in Priority}
@@ -171,6 +178,7 @@ class Scheduler:
                 if job.enqueued_at is None:
                     job.enqueued_at = self.clock()
                 job.started_at = job.admitted_as = None
+                job.preemptions += 1
                 self._queues[Priority(job.priority)].appendleft(job)
                 self._queued_ids.add(job.id)
                 self._cond.notify_all()
@@ -243,13 +251,14 @@ class Scheduler:
         return None if best is None else best[1]
 
     def choose_victim(self, running: Sequence[Job], now: float | None = None) -> Job | None:
-        """When the best waiting job is URGENT, the running job to preempt for it: preemptible, served as BATCH
-        (a job that aged into a better class is left alone, so preemption cannot starve it), the one started most
-        recently (the least work lost). None if no URGENT job waits or no running job qualifies."""
+        """When the best waiting job is URGENT, the running job to preempt for it: preemptible, of the BATCH class
+        (whatever class aging served it as: aged batch work would otherwise fill every slot and make urgent requests
+        wait for whole answers), preempted fewer than ``max_preemptions`` times (so preemption cannot starve it), the
+        one started most recently (the least work lost). None if no URGENT job waits or no running job qualifies."""
         if self.best_waiting(now) != Priority.URGENT:
             return None
-        candidates = [j for j in running if j.preemptible and not j.is_cancelled
-                      and (j.admitted_as if j.admitted_as is not None else j.priority) == Priority.BATCH]
+        candidates = [j for j in running if j.preemptible and not j.is_cancelled and j.priority == Priority.BATCH
+                      and j.preemptions < self.max_preemptions]
         return max(candidates, key=lambda j: (j.started_at if j.started_at is not None else -math.inf, j.id),
                    default=None)
 

@@ -99,14 +99,23 @@ def test_choose_victim_only_for_a_waiting_urgent_job_and_only_a_preemptible_batc
     assert sched.choose_victim([run["i"], run["b-pinned"]]) is None
 
 
-def test_a_batch_job_served_after_aging_is_not_a_victim() -> None:
+def test_a_batch_job_stays_a_victim_after_aging_until_preempted_max_preemptions_times() -> None:
+    # Aged batch work filling every slot must not make an urgent request wait for whole answers (it did: urgent
+    # TTFT of 23-87 s under load); the bound on preemptions is what keeps the batch job from starving.
     sched, clock, _ = _sched(aging_s=5.0)
     sched.submit(Job("aged", BAT))
     clock.t += 6.0
     aged = sched.pop()
     assert aged.admitted_as == INT and aged.priority == BAT
+    for _ in range(sched.max_preemptions):
+        sched.submit(Job("u", URG))
+        assert sched.choose_victim([aged]) is aged
+        sched.requeue(aged)
+        assert sched.pop().payload == "u"
+        assert sched.pop() is aged
     sched.submit(Job("u", URG))
-    assert sched.choose_victim([aged]) is None
+    assert aged.preemptions == sched.max_preemptions
+    assert sched.choose_victim([aged]) is None  # preempted enough: it finishes now
 
 
 def test_requeue_puts_the_victim_at_the_front_of_its_class_even_at_the_bound() -> None:
