@@ -31,7 +31,8 @@ class ServerState:
         self.keys = keys if keys is not None else load_keys(config.api_keys_file)
         self.models = models if models is not None else Models(config)
         self.metrics = ServerMetrics(queue_depth=self._queue_depth, slots_busy=self._slots_busy,
-                                     resident=self.models.resident, caches=self._cache_counts)
+                                     resident=self.models.resident, memory=self.models.manager.stats,
+                                     caches=self._cache_counts)
         f = config.filters
         filters: list[Any] = [SizeLimit(f.max_chars)]
         if f.blocklist:

@@ -243,7 +243,8 @@ def test_metrics_show_the_issue_figures(llm_server: LiveServer, client: OpenAI) 
                  "edgerun_requests_total", 'edgerun_cache_hits_total{cache="prefix"}', 'edgerun_cache_hits_total{cache="result"}',
                  'edgerun_queue_depth{model="default",priority="interactive"}', 'edgerun_slots_busy{model="default"}',
                  "edgerun_resident_models 1.0", 'edgerun_model_planned_bytes{kind="llm",model="default"',
-                 "edgerun_process_rss_bytes", 'edgerun_tokens_per_second{model="default"}'):
+                 "edgerun_process_rss_bytes", 'edgerun_tokens_per_second{model="default"}',
+                 'edgerun_memory_plan_bytes{part="used"}', 'edgerun_memory_plan_bytes{part="budget"}'):
         assert name in text, name
     planned = llm_server.metric("edgerun_model_planned_bytes", kind="llm", model="default")
     assert planned and planned > 50e6  # the 135M model's weights alone are ~90 MB
