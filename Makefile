@@ -50,6 +50,9 @@ bench: $(VENV)/.dev
 	$(PY) bench/vision.py
 	$(PY) bench/classifier_memory.py
 	$(PY) bench/audio.py
+	bash bench/build_llama_server.sh
+	$(PY) bench/serve.py
+	$(PY) bench/residency_memory.py
 	bash bench/anomalib_env.sh
 	$(PY) bench/kiosk.py --wait-quiet 600
 
