@@ -102,22 +102,28 @@ class LLMLoader:
         return _agrees(spec, obj, plan.total_bytes)
 
 
-class VisionLoader:
-    """kind "vision": runtime.classifier.Classifier. Options: batch, threads, target."""
+class _ClassifierLoader:
+    """What the classifier kinds' loaders share: check the options and the bundle's kind, plan (kept for the load
+    and the shared runtime term), open the object with ``memory`` = the share it was planned with, check it agrees."""
 
-    OPTIONS = ("batch", "threads", "target")
+    KIND: ModelKind
+    OPTIONS: tuple[str, ...] = ()
 
     def __init__(self) -> None:
         self._plans: dict[tuple[Any, ...], Any] = {}
 
-    def plan_bytes(self, spec: Any, budget: int) -> int:
-        from runtime.vision_plan import plan_classifier
+    def _plan(self, manifest: Any, opts: dict[str, Any], budget: int) -> Any:
+        raise NotImplementedError
 
+    def _open(self, spec: Any, budget: int, opts: dict[str, Any]) -> Any:
+        raise NotImplementedError
+
+    def plan_bytes(self, spec: Any, budget: int) -> int:
         opts = _options(spec, self.OPTIONS)
         manifest = resolve(spec.ref).manifest
-        if manifest.kind != ModelKind.VISION:
-            raise BadInput(f"{spec.name}: {manifest.ref} is a {manifest.kind.value} bundle, not kind 'vision'")
-        plan = plan_classifier(manifest, manifest.file("weights").size, budget, batch=int(opts.get("batch", 1)))
+        if manifest.kind != self.KIND:
+            raise BadInput(f"{spec.name}: {manifest.ref} is a {manifest.kind.value} bundle, not kind '{self.KIND.value}'")
+        plan = self._plan(manifest, opts, budget)
         self._plans[_key(spec)] = plan
         return plan.total_bytes
 
@@ -125,83 +131,70 @@ class VisionLoader:
         return _classifier_runtime(self._plans[_key(spec)])
 
     def load(self, spec: Any, budget: int) -> Any:
+        planned = self.plan_bytes(spec, budget) if _key(spec) not in self._plans else self._plans[_key(spec)].total_bytes
+        return _agrees(spec, self._open(spec, budget, dict(spec.options)), planned)
+
+
+class VisionLoader(_ClassifierLoader):
+    """kind "vision": runtime.classifier.Classifier. Options: batch, threads, target."""
+
+    KIND = ModelKind.VISION
+    OPTIONS = ("batch", "threads", "target")
+
+    def _plan(self, manifest: Any, opts: dict[str, Any], budget: int) -> Any:
+        from runtime.vision_plan import plan_classifier
+
+        return plan_classifier(manifest, manifest.file("weights").size, budget, batch=int(opts.get("batch", 1)))
+
+    def _open(self, spec: Any, budget: int, opts: dict[str, Any]) -> Any:
         from runtime.classifier import Classifier
 
-        planned = self.plan_bytes(spec, budget) if _key(spec) not in self._plans else self._plans[_key(spec)].total_bytes
-        opts = dict(spec.options)
-        obj = Classifier.load(spec.ref, memory=budget, batch=int(opts.get("batch", 1)), threads=opts.get("threads"),
-                              target=opts.get("target", "auto"))
-        return _agrees(spec, obj, planned)
+        return Classifier.load(spec.ref, memory=budget, batch=int(opts.get("batch", 1)), threads=opts.get("threads"),
+                               target=opts.get("target", "auto"))
 
 
-class AudioLoader:
+class AudioLoader(_ClassifierLoader):
     """kind "audio": runtime.audio_classifier.AudioClassifier (planned for one segment, no input files).
     Options: threads, target."""
 
+    KIND = ModelKind.AUDIO
     OPTIONS = ("threads", "target")
 
-    def __init__(self) -> None:
-        self._plans: dict[tuple[Any, ...], Any] = {}
-
-    def plan_bytes(self, spec: Any, budget: int) -> int:
+    def _plan(self, manifest: Any, opts: dict[str, Any], budget: int) -> Any:
         from runtime.audio_classifier import SEGMENT_WINDOWS, segment_bytes
         from runtime.vision_plan import plan_classifier
 
-        _options(spec, self.OPTIONS)
-        manifest = resolve(spec.ref).manifest
         audio = manifest.audio
-        if manifest.kind != ModelKind.AUDIO or audio is None:
-            raise BadInput(f"{spec.name}: {manifest.ref} is a {manifest.kind.value} bundle, not kind 'audio'")
+        if audio is None:
+            raise BadInput(f"{manifest.ref} is an audio bundle without an audio section")
         sizes = {f.path: f.size for f in manifest.files}
         weights = manifest.file("weights").size + sum(sizes[name] for name in audio.frontend_files)
         # As AudioClassifier.load plans it (checked after the load by _agrees).
-        plan = plan_classifier(manifest, weights, budget, batch=SEGMENT_WINDOWS, input_bytes=segment_bytes(audio))
-        self._plans[_key(spec)] = plan
-        return plan.total_bytes
+        return plan_classifier(manifest, weights, budget, batch=SEGMENT_WINDOWS, input_bytes=segment_bytes(audio))
 
-    def shared_bytes(self, spec: Any) -> Mapping[str, int]:
-        return _classifier_runtime(self._plans[_key(spec)])
-
-    def load(self, spec: Any, budget: int) -> Any:
+    def _open(self, spec: Any, budget: int, opts: dict[str, Any]) -> Any:
         from runtime.audio_classifier import AudioClassifier
 
-        planned = self.plan_bytes(spec, budget) if _key(spec) not in self._plans else self._plans[_key(spec)].total_bytes
-        opts = dict(spec.options)
-        obj = AudioClassifier.load(spec.ref, memory=budget, threads=opts.get("threads"), target=opts.get("target", "auto"))
-        return _agrees(spec, obj, planned)
+        return AudioClassifier.load(spec.ref, memory=budget, threads=opts.get("threads"), target=opts.get("target", "auto"))
 
 
-class AnomalyLoader:
+class AnomalyLoader(_ClassifierLoader):
     """kind "anomaly": runtime.anomaly.AnomalyDetector (backbone, memory bank and distance search planned together).
     Options: batch, threads, target."""
 
+    KIND = ModelKind.ANOMALY
     OPTIONS = ("batch", "threads", "target")
 
-    def __init__(self) -> None:
-        self._plans: dict[tuple[Any, ...], Any] = {}
-
-    def plan_bytes(self, spec: Any, budget: int) -> int:
+    def _plan(self, manifest: Any, opts: dict[str, Any], budget: int) -> Any:
         from runtime.anomaly import plan_anomaly
 
-        opts = _options(spec, self.OPTIONS)
-        manifest = resolve(spec.ref).manifest
-        if manifest.kind != ModelKind.ANOMALY:
-            raise BadInput(f"{spec.name}: {manifest.ref} is a {manifest.kind.value} bundle, not kind 'anomaly'")
-        plan = plan_anomaly(manifest, budget, batch=int(opts.get("batch", 1)))
-        self._plans[_key(spec)] = plan
-        return plan.total_bytes
+        return plan_anomaly(manifest, budget, batch=int(opts.get("batch", 1)))
 
-    def shared_bytes(self, spec: Any) -> Mapping[str, int]:
-        return _classifier_runtime(self._plans[_key(spec)])
-
-    def load(self, spec: Any, budget: int) -> Any:
+    def _open(self, spec: Any, budget: int, opts: dict[str, Any]) -> Any:
         from runtime.anomaly import AnomalyDetector
 
-        planned = self.plan_bytes(spec, budget) if _key(spec) not in self._plans else self._plans[_key(spec)].total_bytes
-        opts = dict(spec.options)
-        obj = AnomalyDetector.load(spec.ref, memory=budget, batch=int(opts.get("batch", 1)), threads=opts.get("threads"),
-                                   target=opts.get("target", "auto"))
-        return _agrees(spec, obj, planned)
+        return AnomalyDetector.load(spec.ref, memory=budget, batch=int(opts.get("batch", 1)), threads=opts.get("threads"),
+                                    target=opts.get("target", "auto"))
 
 
 def _classifier_runtime(plan: Any) -> dict[str, int]:
