@@ -21,6 +21,7 @@ from apps.server.security import BodyTooLarge, Forbidden, Unauthorized
 from runtime.chat import ROLES
 from runtime.errors import BadInput, Cancelled, DeadlineExceeded, DoesNotFit, EdgerunError, QueueFull, one_line
 from runtime.generation import Result, Truncation
+from runtime.safety import Blocked
 from runtime.sampling import check
 
 SAMPLING_KEYS = ("max_tokens", "temperature", "top_p", "seed", "stop")
@@ -267,8 +268,7 @@ def status_of(exc: BaseException) -> tuple[int, str, str | None]:
         return 403, "permission_error", "forbidden"
     if isinstance(exc, UnknownModel):
         return 404, "invalid_request_error", "model_not_found"
-    blocked = getattr(exc, "stage", None) is not None and getattr(exc, "reason", None) is not None
-    if blocked:
+    if isinstance(exc, Blocked):
         return 400, "invalid_request_error", "content_filter"
     if isinstance(exc, BadInput):
         return 400, "invalid_request_error", None
