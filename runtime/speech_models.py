@@ -110,7 +110,7 @@ def find_recipe(ref: str, kind: str) -> SpeechRecipe | None:
     for recipe in speech_recipes().values():
         if ref == recipe.name or ref in recipe.aliases:
             if recipe.kind != kind:
-                raise BadInput(f"{ref} is a {recipe.kind} model, not {kind}")
+                raise BadInput(f"{ref} is a speech model of kind {recipe.kind!r}, not {kind!r}")
             return recipe
     return None
 

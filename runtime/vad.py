@@ -1,6 +1,7 @@
 """Voice activity detection: Silero VAD v6 (ONNX, run by ONNX Runtime) on 16 kHz audio, 32 ms frames.
 
-:class:`SileroVAD` gives the speech probability of each 512-sample frame. The network is stateful: each
+:class:`SileroVAD` is the model (one per process, shared); :meth:`SileroVAD.stream` gives a stream's
+:class:`VadStream`, the speech probability of each 512-sample frame. The network is stateful: each
 frame is given the last 64 samples of the frame before it as context, and the LSTM state (h, c) is carried
 from frame to frame, so feeding audio in pieces of any size gives the same probabilities as feeding it
 whole (frames are run together in one call when several are ready).
@@ -10,8 +11,8 @@ whole (frames are run together in one call when several are ready).
 (the event's time is the first of those frames), and ends after ``hangover_ms`` of frames below
 ``neg_threshold`` (its time is the first of those silent frames); frames in between keep the state.
 
-    vad = SileroVAD.load()                 # the silero-vad recipe, one thread
-    seg = SpeechSegmenter(vad)
+    vad = SileroVAD.load()                 # the silero-vad recipe, one thread; shared by any number of streams
+    seg = SpeechSegmenter(vad)             # one stream's state (vad.stream() gives the bare probabilities)
     for block in microphone_blocks:        # float32 mono 16 kHz, any length
         for event in seg.feed(block):      # VadEvent("start", 1.23) ... VadEvent("end", 2.87)
             ...
@@ -26,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from runtime.errors import BadInput
+from runtime.errors import BadInput, EdgerunError
 from runtime.speech_models import SpeechFiles, SpeechPlan, check_samples, ort_session, resolve_speech
 
 log = logging.getLogger(__name__)
@@ -49,7 +50,7 @@ def vad_plan(files: SpeechFiles) -> SpeechPlan:
 
 
 class SileroVAD:
-    """Speech probability per 32 ms frame of 16 kHz audio; keeps the network's state between calls."""
+    """Silero VAD on ONNX Runtime: the model, shared; each stream's state is a :class:`VadStream`."""
 
     rate = RATE
     frame_samples = FRAME
@@ -63,7 +64,6 @@ class SileroVAD:
             self.close()
             raise BadInput(f"{files.path(MODEL_FILE)}: not Silero VAD v6 (inputs {inputs}; expected input (N, "
                            f"{CONTEXT + FRAME}), h and c (1, 1, {STATE}))")
-        self.reset()
 
     @classmethod
     def load(cls, ref: str = "default", *, threads: int = 1, busy_threads: int = 0) -> SileroVAD:
@@ -75,6 +75,34 @@ class SileroVAD:
         files = resolve_speech(ref, "vad", (MODEL_FILE,))
         placement = resolve_placement(BackendName.ORT, "cpu", threads=threads, busy_threads=busy_threads)
         return cls(files, placement)
+
+    def stream(self) -> VadStream:
+        """A new audio stream over this model (its own context and state; the model is shared and thread-safe)."""
+        return VadStream(self)
+
+    def run(self, batch: np.ndarray, h: np.ndarray, c: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Frames with their context, (n, 576), from state (h, c): their probabilities and the state after them."""
+        if self._session is None:
+            raise EdgerunError(f"{self.files.name}: the VAD model is closed")
+        probs, h, c = self._session.run(None, {"input": batch, "h": h, "c": c})
+        return np.asarray(probs, np.float32).reshape(len(batch)), h, c
+
+    def close(self) -> None:
+        self._session = None
+
+    def __enter__(self) -> SileroVAD:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class VadStream:
+    """One audio stream's VAD state: the last frame's context samples, the LSTM state, a partial frame."""
+
+    def __init__(self, model: SileroVAD) -> None:
+        self.model = model
+        self.reset()
 
     def reset(self) -> None:
         """Forget the audio so far (a new stream)."""
@@ -93,19 +121,9 @@ class SileroVAD:
             return np.zeros(0, np.float32)
         frames = x[: n * FRAME].reshape(n, FRAME)
         prev = np.concatenate([self._context[None], frames[:-1, -CONTEXT:]])
-        batch = np.concatenate([prev, frames], axis=1)
-        probs, self._h, self._c = self._session.run(None, {"input": batch, "h": self._h, "c": self._c})
+        probs, self._h, self._c = self.model.run(np.concatenate([prev, frames], axis=1), self._h, self._c)
         self._context = frames[-1, -CONTEXT:].copy()
-        return np.asarray(probs, np.float32).reshape(n)
-
-    def close(self) -> None:
-        self._session = None
-
-    def __enter__(self) -> SileroVAD:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+        return probs
 
 
 @dataclass(frozen=True)
@@ -116,7 +134,8 @@ class VadEvent:
 
 
 class SpeechSegmenter:
-    """Speech start/end events from a :class:`SileroVAD` (or anything with ``probabilities(samples)``)."""
+    """Speech start/end events of one stream from a :class:`SileroVAD` (its own :class:`VadStream`), or from anything
+    with ``probabilities(samples)`` and ``reset()``."""
 
     def __init__(self, vad: Any, *, threshold: float = 0.5, neg_threshold: float | None = None,
                  min_speech_ms: float = 96.0, hangover_ms: float = 480.0) -> None:
@@ -125,7 +144,8 @@ class SpeechSegmenter:
             raise BadInput(f"VAD thresholds: need 0 < threshold < 1 and 0 <= neg_threshold <= threshold, got {threshold}, {neg}")
         if min_speech_ms < 0 or hangover_ms < 0:
             raise BadInput(f"VAD min_speech_ms and hangover_ms must be >= 0, got {min_speech_ms}, {hangover_ms}")
-        self.vad, self.threshold, self.neg_threshold = vad, threshold, neg
+        self.vad = vad.stream() if hasattr(vad, "stream") else vad
+        self.threshold, self.neg_threshold = threshold, neg
         self.min_speech_frames = max(1, round(min_speech_ms / 1000 / FRAME_S))
         self.hangover_frames = max(1, round(hangover_ms / 1000 / FRAME_S))
         self.reset(reset_vad=False)
