@@ -5,7 +5,7 @@ A sentence ends at ``. ! ?`` (or ``…`` and CJK forms), after any closing quote
 whitespace, or at a line break: "3.14" and "e.g.x" do not end one. An answer with no sentence end is still spoken in
 bounded pieces: once the held text passes ``max_chars`` it is cut at its last clause mark (``, ; :`` then
 whitespace), else its last whitespace, else hard at ``max_chars``. Markdown marks a chat model likes to emit
-(``*``, ``#``, backticks, ``_`` emphasis) are not spoken; a piece with no letter or digit is dropped.
+(``*``, ``#``, backticks, ``_`` emphasis, a list item's ``-``) are not spoken; a piece with no letter or digit is dropped.
 """
 
 from __future__ import annotations
@@ -17,12 +17,13 @@ MAX_CHARS = 160  # about 10 s of speech: the longest piece held back before it i
 _END = re.compile(r"[.!?…。！？]+[\"')\]»”’]*(?:\s+|\Z)|\n+")
 _CLAUSE = re.compile(r"[,;:，；：]\s+")
 _MARKUP = re.compile(r"[*#`]+|(?<!\w)_+|_+(?!\w)")
+_BULLET = re.compile(r"^(?:[-•+]|\d+[.)])\s+")  # a list item's marker
 _SPEAKABLE = re.compile(r"\w")
 
 
 def speakable(text: str) -> str:
     """``text`` without markdown marks, its whitespace collapsed; "" when nothing in it can be said."""
-    text = " ".join(_MARKUP.sub("", text).split())
+    text = _BULLET.sub("", " ".join(_MARKUP.sub("", text).split()))
     return text if _SPEAKABLE.search(text) else ""
 
 
