@@ -4,7 +4,7 @@ Each turn is one :class:`~runtime.engine.GenRequest` at ``Priority.URGENT`` (a v
 on a shared engine), built by :meth:`runtime.engine.Engine.chat_request`: when the conversation no longer fits a
 slot the oldest exchanges are dropped, never the system prompt (``n_keep``), and the drop is reported; a context
 shift during generation is reported in the result. Dropped exchanges leave the memory here too, so it stays
-bounded. An answer cut short by barge-in is remembered as far as it was spoken.
+bounded. An answer cut short by barge-in is remembered as far as it was heard (the sentences whose audio started playing).
 """
 
 from __future__ import annotations
@@ -75,5 +75,8 @@ class Conversation:
             log.warning("conversation memory: dropped the %d oldest messages to fit the context", dropped)
         return Reply(engine.submit(req), list(req.truncations))
 
-    def remember(self, user: str, answer: str) -> None:
-        self.messages += [{"role": "user", "content": user}, {"role": "assistant", "content": answer.strip() or "..."}]
+    def remember(self, user: str, answer: str) -> dict[str, str]:
+        """Add the exchange; its assistant message is returned (barge-in revises it to what was heard)."""
+        said = {"role": "assistant", "content": answer.strip() or "..."}
+        self.messages += [{"role": "user", "content": user}, said]
+        return said

@@ -134,6 +134,8 @@ class _Turn:
     result: TurnResult
     cancelled: threading.Event = field(default_factory=threading.Event)
     sent: list[str] = field(default_factory=list)  # sentences handed to TTS
+    played: list[str] = field(default_factory=list)  # sentences whose audio started playing
+    memory: dict[str, str] | None = None  # its answer in the conversation memory (revised on barge-in)
 
 
 class Pipeline:
@@ -178,6 +180,12 @@ class Pipeline:
         except StageError as exc:
             fatal = exc
             self._report(exc)
+        except Exception as exc:  # the input's own failure (a device error, a reader bug): one line, not a traceback
+            fatal = StageError(Stage.INPUT, _describe(exc), fatal=True)
+            self._report(fatal)
+        except BaseException:  # Ctrl-C: the answer in progress stops now
+            self._barge_in(time.monotonic(), reason="stopped")
+            raise
         finally:
             self._utterances.put(_END)
             for w in workers:
@@ -226,9 +234,17 @@ class Pipeline:
         pending: Timeline | None = None  # the turn opened by the wake word, waiting for speech
         speech: Timeline | None = None  # the utterance being heard
         heard = 0
-        for chunk in frames:
-            if self._stopping.is_set():
+        frames = iter(frames)
+        while not self._stopping.is_set():
+            try:
+                chunk = next(frames)
+            except StopIteration:
                 break
+            except Exception:
+                if speech is not None:  # the input failed mid-utterance: what was heard is still a turn
+                    speech.mark(Mark.SPEECH_END, time.monotonic(), seconds=round(heard * FRAME_SAMPLES / SAMPLE_RATE, 2))
+                    self._utterances.put(("end", speech))
+                raise
             frame = self._checked(chunk)
             answering = self._answering()
             if speech is None and answering and not opts.barge_in:
@@ -309,18 +325,20 @@ class Pipeline:
         with self._lock:
             return self._active is not None and not self._active.cancelled.is_set()
 
-    def _barge_in(self, t: float) -> None:
+    def _barge_in(self, t: float, reason: str = "barge-in") -> None:
         with self._lock:
             turn, reply = self._active, self._reply
         if turn is None or turn.cancelled.is_set():
             return
-        log.info("turn %d: barge-in, the answer is stopped", turn.turn)
+        log.info("turn %d: %s, the answer is stopped", turn.turn, reason)
         turn.cancelled.set()
         turn.result.interrupted = True
-        turn.timeline.mark(Mark.DONE, t, reason="barge-in")
+        turn.timeline.mark(Mark.DONE, t, reason=reason, played=len(turn.played))
         if reply is not None:
             reply.cancel()
         self.sink.stop()
+        if turn.memory is not None:  # the answer was remembered whole: the user heard only this much
+            turn.memory["content"] = " ".join(turn.played) or "..."
 
     # -- asr: one transcriber per utterance, fed as the audio arrives -----------------------------------------
     def _asr_loop(self) -> None:
@@ -416,7 +434,9 @@ class Pipeline:
             for t in reply.truncations:
                 log.warning("turn %d: context shift (%s): %d tokens, %d messages left the context; the system prompt "
                             "is kept", turn.turn, t.kind, t.tokens_dropped, t.messages_dropped)
-            self.conversation.remember(text, " ".join(turn.sent) if turn.cancelled.is_set() else reply.text)
+            turn.memory = self.conversation.remember(text, reply.text)
+            if turn.cancelled.is_set():  # barge-in: remembered as far as it was heard
+                turn.memory["content"] = " ".join(turn.played) or "..."
         if failed is not None:
             return self._fail(turn, Stage.LLM, failed, active=True)
         self._sentences.put(("end", turn))
@@ -445,7 +465,8 @@ class Pipeline:
                 for made in self.models.tts.speak(sentence):
                     if turn.cancelled.is_set():
                         break
-                    self._audio.put((turn, AudioChunk(np.asarray(made.samples, np.float32), int(made.rate), time.monotonic())))
+                    chunk = AudioChunk(np.asarray(made.samples, np.float32), int(made.rate), time.monotonic())
+                    self._audio.put((turn, chunk, sentence))
             except Exception as exc:
                 self._report(StageError(Stage.TTS, f"could not speak {sentence[:40]!r}: {_describe(exc)}", turn=turn.turn))
                 turn.result.error = turn.result.error or f"tts: {_describe(exc)}"
@@ -468,10 +489,12 @@ class Pipeline:
                 self._finish(turn)
                 broken = None
                 continue
-            turn, chunk = item
+            turn, chunk, sentence = item
             if turn.cancelled.is_set() or broken is not None:
                 continue
             turn.timeline.mark(Mark.FIRST_AUDIO, time.monotonic())
+            if not turn.played or turn.played[-1] is not sentence:
+                turn.played.append(sentence)
             try:
                 self.sink.write(chunk)
             except Exception as exc:
