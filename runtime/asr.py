@@ -47,12 +47,14 @@ WINDOW_S = 30.0  # Whisper's window: every decode runs the encoder over 30 s (pa
 MODEL_FILES = ("model.bin", "config.json", "tokenizer.json", "vocabulary.txt")
 LIBRARY = "ctranslate2"
 INSTALL = "pip install 'edgerun[voice]'  (faster-whisper==1.2.1)"
-# Measured RSS on x86_64 (scripts: see STATUS in the voice report; tiny.en, INT8, 2 threads): importing faster_whisper
-# (CTranslate2, tokenizers, PyAV) over a numpy process adds RUNTIME_BYTES; the loaded model adds WEIGHTS_FACTOR x the
-# float16 model.bin (INT8 weights plus the float parts); decoding 30 s of audio adds WORKING_BYTES at its peak.
-RUNTIME_BYTES = 90 << 20
+# Measured RSS on x86_64 by scripts/speech_memory.py (tiny.en, INT8, 2 threads, CTranslate2 4.8.5): importing
+# faster_whisper (CTranslate2, tokenizers, PyAV) over a numpy process adds 31 MiB (RUNTIME_BYTES, the "ctranslate2"
+# term); loading adds 70 MiB, about the float16 model.bin's 72 MiB (WEIGHTS_FACTOR: INT8 weights plus CTranslate2's
+# start); decoding, up to a full 30 s window, peaks 112.5 MiB higher (WORKING_BYTES: the encoder over 3000 mel
+# frames, the decoder, CTranslate2's caching allocator). All told: 214 MiB measured against 220 planned.
+RUNTIME_BYTES = 32 << 20
 WEIGHTS_FACTOR = 1.0
-WORKING_BYTES = 64 << 20
+WORKING_BYTES = 116 << 20
 
 
 def asr_plan(files: SpeechFiles) -> SpeechPlan:

@@ -6,7 +6,8 @@ Piper voice is loaded: nothing else in edgerun imports it, and without it edgeru
 
 :class:`PiperTTS` runs the voice's ONNX model in edgerun's own ONNX Runtime session (the checked file, the
 placement's threads) and uses Piper for what is Piper's: its espeak-ng phonemizer and phoneme ids. Text is
-spoken a sentence at a time (Piper's phonemizer cuts it), so ``speak`` yields the first sentence's audio
+spoken a sentence at a time (Piper's phonemizer cuts it; a sentence longer than MAX_PIECE_CHARS is cut at a comma
+or a space first, which bounds the working memory), so ``speak`` yields the first sentence's audio
 before the second is synthesized: a voice turn plays one sentence while the next is made.
 
     tts = load_tts()                          # Piper's joe voice; espeak-ng when piper-tts is not installed
@@ -36,12 +37,19 @@ from runtime.speech_models import SpeechFiles, SpeechPlan, ort_session, resolve_
 log = logging.getLogger(__name__)
 
 MAX_CHARS = 4000  # of one speak() call: a voice turn speaks sentences, not books
+# Piper synthesizes a sentence in one run, and its working memory grows with it (measured: 158 MiB over the loaded
+# voice at 150 characters, 334 at 300, 703 at 600): text is cut into pieces of at most this many characters (at a
+# comma or a space) before Piper sees it, which bounds the working memory the plan counts, whatever the punctuation.
+MAX_PIECE_CHARS = 150
 PIPER_INSTALL = "pip install 'edgerun[voice-piper]'  (piper-tts==1.8.0, GPL-3.0)"
 ESPEAK_INSTALL = "apt-get install espeak-ng"
 ESPEAK_TIMEOUT_S = 30.0
-# Measured RSS on x86_64 (ORT 1.32, 2 threads, en_US-joe-medium): the session adds WEIGHTS_FACTOR x the .onnx file;
-# importing piper (its espeak-ng phonemizer and data) and synthesizing a long sentence add WORKING_BYTES at the peak.
-WEIGHTS_FACTOR, WORKING_BYTES = 1.0, 96 << 20
+# Measured RSS on x86_64 by scripts/speech_memory.py (ORT 1.32, 2 threads, en_US-joe-medium, 63 MB .onnx): the
+# session adds 124 MiB beside ORT's import (17 MiB), of which ORT's own start is in the shared "ort" runtime term
+# (66 MiB, runtime.vision_plan), so WEIGHTS_FACTOR x the file; importing piper (its espeak-ng phonemizer and data) and
+# synthesizing a MAX_PIECE_CHARS piece add WORKING_BYTES at the peak (measured 163 MiB). All told: 305 MiB measured
+# against 324 planned.
+WEIGHTS_FACTOR, WORKING_BYTES = 1.5, 168 << 20
 
 
 @dataclass(frozen=True)
@@ -62,6 +70,31 @@ def _text(text: Any) -> str:
     if len(text) > MAX_CHARS:
         raise BadInput(f"text to speak is {len(text)} characters; at most {MAX_CHARS} per call (give it a sentence at a time)")
     return " ".join(text.split())
+
+
+def pieces(text: str, limit: int = MAX_PIECE_CHARS) -> list[str]:
+    """``text`` (whitespace already collapsed) cut into pieces of at most ``limit`` characters: at a space, after a
+    comma, semicolon or colon where one falls in the second half of a piece; a word longer than ``limit`` is cut."""
+    out: list[str] = []
+    words = text.split(" ")
+    piece = ""
+    for word in words:
+        while len(word) > limit:
+            if piece:
+                out.append(piece)
+                piece = ""
+            out.append(word[:limit])
+            word = word[limit:]
+        if piece and len(piece) + 1 + len(word) > limit:
+            out.append(piece)
+            piece = ""
+        piece = f"{piece} {word}" if piece else word
+        if piece[-1] in ",;:" and len(piece) > limit // 2:
+            out.append(piece)
+            piece = ""
+    if piece:
+        out.append(piece)
+    return out
 
 
 def tts_plan(files: SpeechFiles, model_file: str) -> SpeechPlan:
@@ -100,10 +133,11 @@ class PiperTTS:
             return
         t0 = time.perf_counter()
         try:
-            for chunk in self._voice.synthesize(text, self._syn):
-                audio = np.asarray(chunk.audio_float_array, np.float32).reshape(-1)
-                yield SpeechChunk(audio, self.rate, "".join(chunk.phonemes), time.perf_counter() - t0)
-                t0 = time.perf_counter()
+            for piece in pieces(text):
+                for chunk in self._voice.synthesize(piece, self._syn):
+                    audio = np.asarray(chunk.audio_float_array, np.float32).reshape(-1)
+                    yield SpeechChunk(audio, self.rate, "".join(chunk.phonemes), time.perf_counter() - t0)
+                    t0 = time.perf_counter()
         except (RuntimeError, ValueError) as exc:  # onnxruntime's errors derive from RuntimeError
             raise BackendError(f"{self.files.name}: Piper failed on {text[:40]!r} ({one_line(exc)})") from None
 

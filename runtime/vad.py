@@ -36,9 +36,11 @@ RATE = 16_000
 FRAME, CONTEXT, STATE = 512, 64, 128  # samples per frame, samples of context before it, LSTM state size
 FRAME_S = FRAME / RATE
 MODEL_FILE = "silero_vad_v6.onnx"
-# Measured RSS on x86_64 (ORT 1.32, one thread): the session over the 1.2 MB model adds WEIGHTS_FACTOR x the file
-# and a frame's run adds WORKING_BYTES; ORT's library is the "ort" runtime term classifiers count already.
-WEIGHTS_FACTOR, WORKING_BYTES = 3, 4 << 20
+# Measured RSS on x86_64 by scripts/speech_memory.py (ORT 1.32, one thread, the 1.2 MB model): the first session
+# and 60 s of audio scored at once add 82 MiB over numpy, ORT's start included; less the shared "ort" runtime term
+# (66 MiB, runtime.vision_plan) that leaves 16 MiB of its own: WEIGHTS_FACTOR x the file and WORKING_BYTES (a stream
+# scores a few frames at a time and needs less). All told: 82 MiB measured against 86 planned.
+WEIGHTS_FACTOR, WORKING_BYTES = 3, 16 << 20
 
 
 def vad_plan(files: SpeechFiles) -> SpeechPlan:

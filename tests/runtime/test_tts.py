@@ -12,7 +12,7 @@ import pytest
 
 from runtime.errors import BadInput, MissingDependency
 from runtime.resample import resample
-from runtime.tts import MAX_CHARS, EspeakTTS, PiperTTS, load_tts
+from runtime.tts import MAX_CHARS, MAX_PIECE_CHARS, EspeakTTS, PiperTTS, load_tts, pieces
 from tests.runtime.speech_clips import RATE, shared, word_error_rate
 
 pytestmark = pytest.mark.slow
@@ -35,6 +35,23 @@ def test_each_sentence_comes_as_its_own_chunk_and_says_it(tts: PiperTTS) -> None
         assert 0.5 < chunk.seconds < 5 and chunk.elapsed_s < chunk.seconds  # faster than real time
         heard = asr.transcribe(resample(chunk.samples, chunk.rate, RATE)).text
         assert word_error_rate(sentence, heard) <= 0.25, (sentence, heard)
+
+
+def test_long_text_is_cut_into_bounded_pieces_at_commas_or_spaces() -> None:
+    words = ("alpha bravo charlie delta echo foxtrot golf hotel india juliet " * 12).strip()
+    cut = pieces(words)
+    assert len(cut) > 1 and max(map(len, cut)) <= MAX_PIECE_CHARS and " ".join(cut) == words
+    assert pieces("one two, three four", limit=12) == ["one two,", "three four"]  # at the comma past half a piece
+    assert pieces("x" * 20 + " y", limit=8) == ["xxxxxxxx", "xxxxxxxx", "xxxx y"]  # a run-on word is cut too
+    assert pieces("short.") == ["short."]
+
+
+def test_a_sentence_without_punctuation_is_spoken_in_bounded_pieces(tts: PiperTTS) -> None:
+    # Piper's working memory grows with the sentence (334 MiB at 300 characters): the plan holds only if it is cut
+    text = ("the weather today is mostly sunny with a light breeze from the west " * 5).strip()
+    chunks = list(tts.speak(text))
+    assert len(chunks) == len(pieces(text)) >= 3
+    assert all(c.seconds < 12 for c in chunks)
 
 
 def test_empty_text_is_silence_and_bad_text_is_refused(tts: PiperTTS) -> None:
