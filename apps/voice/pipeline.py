@@ -234,6 +234,7 @@ class Pipeline:
         pending: Timeline | None = None  # the turn opened by the wake word, waiting for speech
         speech: Timeline | None = None  # the utterance being heard
         heard = 0
+        vad_frames = 0  # frames the VAD has seen since its last reset (its events count frames)
         frames = iter(frames)
         while not self._stopping.is_set():
             try:
@@ -256,9 +257,11 @@ class Pipeline:
                     pending.mark(Mark.WAKE, chunk.t, wake_word=wake.name, score=round(float(score), 3))
                     awake_until = chunk.t + opts.listen_after_wake_s
                     vad.reset()
+                    vad_frames = 0
                     pre_roll.clear()
                     continue
             events = self._frame_stage(Stage.VAD, vad.feed, frame) or ()
+            vad_frames += len(frame) // FRAME_SAMPLES
             event = events[-1].kind if events else None
             if speech is None:
                 pre_roll.append(frame)
@@ -284,10 +287,18 @@ class Pipeline:
             heard += 1
             too_long = heard * FRAME_SAMPLES / SAMPLE_RATE >= opts.max_utterance_s
             if event == "end" or too_long:
+                # The end of speech is the VAD's first silent frame, not the moment its hangover ran out: the
+                # latencies count from when the user stopped talking (the hangover is part of them).
+                ended_at = chunk.t
+                frame_no = getattr(events[-1], "frame", None) if event == "end" else None
+                if isinstance(frame_no, int) and 0 <= frame_no <= vad_frames:
+                    ended_at = chunk.t - (vad_frames - frame_no) * FRAME_SAMPLES / SAMPLE_RATE
                 if too_long:
                     log.warning("turn %d: utterance cut at %.0f s", speech.turn, opts.max_utterance_s)
                     vad.reset()
-                speech.mark(Mark.SPEECH_END, chunk.t, seconds=round(heard * FRAME_SAMPLES / SAMPLE_RATE, 2))
+                    vad_frames = 0
+                speech.mark(Mark.SPEECH_END, ended_at, seconds=round(heard * FRAME_SAMPLES / SAMPLE_RATE, 2),
+                            vad_decided_ms=round((chunk.t - ended_at) * 1000, 1))
                 self._utterances.put(("end", speech))
                 speech = None
                 if wake is not None:

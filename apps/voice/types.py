@@ -20,8 +20,8 @@ FRAME_SAMPLES = 512  # 32 ms at 16 kHz: silero VAD's frame, the pipeline's input
 
 @dataclass(frozen=True)
 class AudioChunk:
-    """A piece of mono audio. ``samples``: float32 in [-1, 1]; ``t``: time.monotonic() at its first sample
-    (capture time for input, synthesis time for output)."""
+    """A piece of mono audio. ``samples``: float32 in [-1, 1]; ``t``: time.monotonic() when the chunk was complete
+    (input: its last sample captured; output: when it was synthesized)."""
 
     samples: np.ndarray
     rate: int
@@ -48,7 +48,7 @@ class Mark(str, Enum):
 
     WAKE = "wake"  # wake word detected (absent when no wake word is used)
     SPEECH_START = "speech_start"
-    SPEECH_END = "speech_end"  # VAD: end of speech (the reference point of a turn's latencies)
+    SPEECH_END = "speech_end"  # end of speech: the VAD's first silent frame (the reference point of a turn's latencies)
     TRANSCRIPT = "transcript"  # final transcript ready
     FIRST_TOKEN = "first_token"  # first LLM token
     FIRST_SENTENCE = "first_sentence"  # first sentence cut from the stream

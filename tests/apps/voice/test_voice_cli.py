@@ -85,6 +85,9 @@ def test_spoken_question_in_spoken_answer_out(capsys, tmp_path: Path, smollm) ->
     for mark in ("speech_end", "transcript", "first_token", "first_sentence", "first_audio", "done"):
         assert mark in marks, (mark, events)
     assert 0 < marks["first_audio"]["ms_after_speech_end"] < 30_000
+    # latencies count from when the speaker stopped, not from when the VAD's 480 ms hangover ran out
+    assert 300 <= marks["speech_end"]["vad_decided_ms"] <= 800
+    assert marks["transcript"]["ms_after_speech_end"] >= marks["speech_end"]["vad_decided_ms"]
     summary = events[-1]
     assert summary["event"] == "voice.summary" and summary["turns"] == 1
     assert summary["latency_ms"]["first_audio"]["n"] == 1
