@@ -46,7 +46,7 @@ RATE = 16_000
 WINDOW_S = 30.0  # Whisper's window: every decode runs the encoder over 30 s (padded)
 MODEL_FILES = ("model.bin", "config.json", "tokenizer.json", "vocabulary.txt")
 LIBRARY = "ctranslate2"
-INSTALL = "pip install 'edgerun[voice]'  (faster-whisper==1.2.1)"
+INSTALL = "pip install 'edgerun[voice]'  (faster-whisper)"
 # Measured RSS on x86_64 by scripts/speech_memory.py (tiny.en, INT8, 2 threads, CTranslate2 4.8.5): importing
 # faster_whisper (CTranslate2, tokenizers, PyAV) over a numpy process adds 31 MiB (RUNTIME_BYTES, the "ctranslate2"
 # term); loading adds 70 MiB, about the float16 model.bin's 72 MiB (WEIGHTS_FACTOR: INT8 weights plus CTranslate2's

@@ -217,12 +217,13 @@ def ort_session(path: Path, placement: object, what: str) -> object:
     placement shares cores, ORT's own logging quiet. BadInput in one line when ORT cannot load it."""
     import logging
 
-    from runtime.backends.ort import CPU_PROVIDER, ORT_ERRORS_ONLY, ORT_FATAL_ONLY, SPIN_KEYS, _ort
+    from runtime.backends.ort import CPU_PROVIDER, INSTALL, ORT_ERRORS_ONLY, ORT_FATAL_ONLY, SPIN_KEYS
     from runtime.errors import one_line
     from runtime.model_files import check_onnx
+    from runtime.optional import require
 
     check_onnx(path)  # before the native parser sees the file
-    ort = _ort()
+    ort = require("onnxruntime", INSTALL, purpose="the speech models")
     options = ort.SessionOptions()
     options.intra_op_num_threads = placement.threads  # type: ignore[attr-defined]
     options.inter_op_num_threads = 1

@@ -41,7 +41,7 @@ MAX_CHARS = 4000  # of one speak() call: a voice turn speaks sentences, not book
 # voice at 150 characters, 334 at 300, 703 at 600): text is cut into pieces of at most this many characters (at a
 # comma or a space) before Piper sees it, which bounds the working memory the plan counts, whatever the punctuation.
 MAX_PIECE_CHARS = 150
-PIPER_INSTALL = "pip install 'edgerun[voice-piper]'  (piper-tts==1.8.0, GPL-3.0)"
+PIPER_INSTALL = "pip install 'edgerun[voice-piper]'  (piper-tts, GPL-3.0)"
 ESPEAK_INSTALL = "apt-get install espeak-ng"
 ESPEAK_TIMEOUT_S = 30.0
 # Measured RSS on x86_64 by scripts/speech_memory.py (ORT 1.32, 2 threads, en_US-joe-medium, 63 MB .onnx): the
