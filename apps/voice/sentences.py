@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 
-MAX_CHARS = 160  # about 10 s of speech: the longest piece held back before it is spoken
+MAX_CHARS = 150  # about 9 s of speech: the longest piece held back; runtime.tts.MAX_PIECE_CHARS, so Piper takes it whole
 
 _END = re.compile(r"[.!?…。！？]+[\"')\]»”’]*(?:\s+|\Z)|\n+")
 _CLAUSE = re.compile(r"[,;:，；：]\s+")

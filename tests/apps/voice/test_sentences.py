@@ -36,7 +36,7 @@ def test_decimal_and_abbreviation_dots_do_not_end_a_sentence() -> None:
     assert cut.flush() == ["Next"]
 
 
-@pytest.mark.parametrize("max_chars", [40, 160])
+@pytest.mark.parametrize("max_chars", [40, 150])
 def test_answer_without_any_sentence_break_is_spoken_in_bounded_pieces(max_chars: int) -> None:
     words = [f"word{i}" for i in range(400)]
     answer = " ".join(words)  # an LLM that never ends a sentence
@@ -78,6 +78,13 @@ def test_line_breaks_end_pieces_and_every_piece_is_speakable() -> None:
     pieces = cut.feed("One\nTwo three\n\n") + cut.flush()
     assert pieces == ["One", "Two three"]
     assert all(re.search(r"\w", p) for p in pieces)
+
+
+def test_default_bound_is_what_the_voice_takes_in_one_piece() -> None:
+    from apps.voice.sentences import MAX_CHARS
+    from runtime.tts import MAX_PIECE_CHARS
+
+    assert MAX_CHARS <= MAX_PIECE_CHARS  # a longer piece would be cut again inside TTS, at worse places
 
 
 def test_bound_must_hold_a_phrase() -> None:
