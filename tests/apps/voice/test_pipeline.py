@@ -339,3 +339,55 @@ def test_conversation_memory_keeps_the_system_prompt_and_reports_dropped_turns(e
     assert conv.dropped_messages == sum(t.messages_dropped for t in dropped)
     assert len(conv.messages) == 1 + 2 * 8 - conv.dropped_messages  # the memory is bounded like the context
     assert conv.messages[-2]["content"].startswith("Question 7:")
+
+
+# -- the wake word on the live stream (a converted openWakeWord bundle) ------------------------------------------
+@pytest.fixture(scope="module")
+def alexa(tmp_path_factory: pytest.TempPathFactory):
+    from apps.cli import main as edgerun
+    from runtime.audio_classifier import AudioClassifier
+    from tests.converters.audio.speech import OTHER, WAKE, synthesize
+
+    root = tmp_path_factory.mktemp("alexa")
+    synthesize(root / "calib", WAKE[:4] + OTHER[:5], [0.85, 1.0, 1.2])
+    synthesize(root / "eval" / "alexa", WAKE[4:], [1.0], seed=1)
+    synthesize(root / "eval" / "other", OTHER[5:], [1.0], seed=1)
+    out = root / "alexa-tflite-int8"
+    assert edgerun(["convert", "audio", "zoo:openwakeword-alexa", "--calib", str(root / "calib"), "--eval",
+                    str(root / "eval"), "--format", "tflite", "--quant", "int8", "--out", str(out)]) == 0
+    with AudioClassifier.load(str(out), threads=1) as classifier:
+        yield classifier
+
+
+@pytest.mark.slow
+def test_wake_word_is_detected_on_the_stream_and_opens_the_turn(tmp_path: Path, alexa) -> None:
+    from apps.voice.models import WakeWordDetector
+    from runtime.vad import SpeechSegmenter
+    from tests.runtime.speech_clips import shared, silence, spoken
+
+    detector = WakeWordDetector(alexa, "alexa")
+    audio = wav(tmp_path, silence(0.5), spoken("Turn on the kitchen lights please."), silence(1.0),  # no wake word
+                spoken("Alexa."), silence(0.4), spoken("What is the capital of France?"), silence(0.2))
+    engine = ScriptedEngine(lambda q: "Paris.")
+    asr = ScriptedAsr(["what is the capital of france"])
+    events: list[TurnEvent] = []
+    pipe = Pipeline(Models(vad=SpeechSegmenter(shared("vad")), asr=asr, llm=engine.lease, tts=ToneVoice(), wake=detector),
+                    WavSink(tmp_path / "out.wav"), on_event=events.append)
+    results = pipe.run(WavSource(audio, realtime=False).frames())
+    assert [r.spoken for r in results] == [["Paris."]]  # the command without the wake word made no turn
+    m = marks(events, 1)
+    assert list(m)[:2] == [Mark.WAKE, Mark.SPEECH_START] and m[Mark.WAKE].detail["wake_word"] == "alexa"
+    assert m[Mark.WAKE].detail["score"] >= alexa.spec.threshold
+    assert 2.0 <= asr.heard[0] <= 3.5  # the question (2.2 s) with its pre-roll, not the wake word or the first command
+    assert not pipe.errors
+
+
+def test_wake_word_must_be_a_detector_at_16_khz(alexa) -> None:
+    from apps.voice.models import WakeWordDetector
+
+    class Multi:
+        is_detector, labels = False, ["a", "b", "c"]
+        model = alexa.model
+
+    with pytest.raises(BadInput, match="3-class audio model, not a wake-word detector"):
+        WakeWordDetector(Multi(), "keywords")
