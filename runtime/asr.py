@@ -16,7 +16,8 @@ transcript; ``finish`` decodes it once more and returns the final one. The buffe
     stream = asr.stream()
     for block in blocks:
         partial = stream.feed(block)                    # None, or the transcript so far
-    final = stream.finish()                             # Transcript(text, seconds, elapsed_s, truncated, ...)
+    final = stream.finish(speech_end_s=end.at_s - start.at_s)  # Transcript(text, seconds, elapsed_s, truncated, ...);
+                                                        # no decode when the last partial covered the speech
 
 The memory plan (:func:`asr_plan`) is measured RSS, not an estimate: see the constants below.
 """
@@ -172,6 +173,7 @@ class StreamingTranscriber:
         self._decoded_at = 0  # buffer length at the last partial decode
         self.truncated = False
         self.partial = ""
+        self._last: Transcript | None = None  # the last partial decode
 
     @property
     def seconds(self) -> float:
@@ -191,12 +193,21 @@ class StreamingTranscriber:
         if self._n - self._decoded_at < self.partial_every:
             return None
         self._decoded_at = self._n
-        self.partial = self.asr.transcribe(self._buf[: self._n]).text
+        self._last = self.asr.transcribe(self._buf[: self._n])
+        self.partial = self._last.text
         return self.partial
 
-    def finish(self) -> Transcript:
-        """The final transcript of everything fed since the last reset; the stream is reset for the next utterance."""
-        t = self.asr.transcribe(self._buf[: self._n])
+    def finish(self, *, speech_end_s: float | None = None) -> Transcript:
+        """The final transcript of everything fed since the last reset; the stream is reset for the next utterance.
+
+        ``speech_end_s``: where speech ended, in seconds from the first sample fed (the VAD's end event). When the
+        last partial already decoded the audio through that point, only silence came after it, and that partial is
+        the final transcript without another decode (a Whisper decode is ~0.5 s on two cores: the turn's latency)."""
+        covered = speech_end_s is not None and self._decoded_at > 0 and self._decoded_at >= speech_end_s * RATE
+        if covered and self._last is not None:
+            t = Transcript(self._last.text, self._n / RATE, 0.0, self._last.no_speech_prob)
+        else:
+            t = self.asr.transcribe(self._buf[: self._n])
         if self.truncated:
             t = Transcript(t.text, t.seconds, t.elapsed_s, t.no_speech_prob, truncated=True)
         self.reset()

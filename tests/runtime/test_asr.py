@@ -46,6 +46,22 @@ def test_streaming_partials_grow_and_the_final_is_the_whole_clip(asr: ASR) -> No
     assert stream.seconds == 0.0  # reset for the next utterance
 
 
+def test_a_partial_that_covered_the_end_of_speech_is_the_final_transcript(asr: ASR) -> None:
+    speech = spoken(PHRASES[2])
+    x = np.concatenate([speech, silence(0.5)])  # the hangover's silence after the speech
+    end_s = len(speech) / RATE
+    stream = asr.stream(partial_every_s=end_s + 0.1)  # one partial, decoded just after the speech ended
+    partials = [p for i in range(0, len(x), 800) if (p := stream.feed(x[i : i + 800])) is not None]
+    assert len(partials) == 1
+    final = stream.finish(speech_end_s=end_s)
+    assert final.text == partials[0] and final.elapsed_s == 0.0  # no second decode
+    assert final.seconds == pytest.approx(len(x) / RATE, abs=0.06)
+    for i in range(0, len(x), 800):  # the same partial at end_s + 0.1 s, but now speech is said to end after it
+        stream.feed(x[i : i + 800])
+    late = stream.finish(speech_end_s=end_s + 0.3)
+    assert late.elapsed_s > 0 and word_error_rate(PHRASES[2], late.text) <= 0.2
+
+
 def test_a_stream_past_max_seconds_keeps_the_start_and_says_so(asr: ASR) -> None:
     stream = asr.stream(partial_every_s=10.0, max_seconds=1.0)
     stream.feed(silence(0.6))
