@@ -105,7 +105,12 @@ class LiveWyoming:
         self.port = self.server._server.sockets[0].getsockname()[1]  # port 0: the one the OS picked
 
     def stop(self) -> None:
-        asyncio.run_coroutine_threadsafe(self.server.stop(), self.loop).result(30)
+        async def stop() -> None:
+            await self.server.stop()
+            handlers = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            await asyncio.wait_for(asyncio.gather(*handlers, return_exceptions=True), 30)
+
+        asyncio.run_coroutine_threadsafe(stop(), self.loop).result(60)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(30)
 
@@ -245,6 +250,14 @@ def test_wake_word_stream_detection_and_not(live: LiveWyoming, speech: dict[str,
         detection = Detection.from_event(got[-1])
         # the word is said in the clip, after the leading second of silence; the detection comes as it is heard
         assert detection.name == "alexa" and 1000 <= detection.timestamp <= 1000 + 1000 * len(x) / rate, detection
+    # at the clip's own 22.05 kHz, 8-bit: converted on the way by the wyoming package's converter
+    x, rate = _read_wav(speech["wake"][0])
+    clip8 = (np.clip(np.concatenate([np.zeros(rate, np.float32), x, np.zeros(2 * rate, np.float32)]), -1, 1) * 127 + 128)
+    events = [Detect().event(), AudioStart(rate=rate, width=1, channels=1).event()]
+    events += [AudioChunk(rate=rate, width=1, channels=1, audio=part.astype(np.uint8).tobytes()).event()
+               for part in np.array_split(clip8, len(clip8) // 1024)]
+    got = talk(live.port, [*events, AudioStop().event()], "detection", "not-detected")
+    assert got[-1].type == "detection", got
     for path in speech["other"]:
         x, rate = _read_wav(path)
         got = talk(live.port, [Detect().event(), *_stream(np.concatenate([pad, resample(x, rate, 16000), pad]), 16000)],
