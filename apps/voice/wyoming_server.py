@@ -7,7 +7,10 @@ wyoming-faster-whisper, wyoming-piper and wyoming-openwakeword services, from th
 * ``describe`` -> ``info`` naming the served ``asr``, ``tts`` and ``wake`` programs and their models;
 * ``transcribe``, ``audio-start``, ``audio-chunk``..., ``audio-stop`` -> ``transcript``;
 * ``synthesize`` -> ``audio-start``, ``audio-chunk``..., ``audio-stop`` (16-bit mono at the voice's rate),
-  sentence by sentence as the voice speaks them;
+  sentence by sentence as the voice speaks them; streamed text (``synthesize-start``, ``synthesize-chunk``...,
+  ``synthesize-stop``, as Home Assistant sends an LLM's answer) is spoken a sentence at a time as its sentences
+  complete (apps.voice.sentences), then ``synthesize-stopped``; the whole text that such a client also sends in one
+  ``synthesize`` event is not spoken twice;
 * ``detect``, ``audio-start``, ``audio-chunk``... -> ``detection`` as soon as the wake word is heard (once per
   stream, as Home Assistant reads it), ``not-detected`` at ``audio-stop`` when it was not;
 * ``ping`` -> ``pong``.
@@ -45,9 +48,10 @@ from wyoming.event import Event
 from wyoming.info import AsrModel, AsrProgram, Attribution, Describe, Info, TtsProgram, TtsVoice, WakeModel, WakeProgram
 from wyoming.ping import Ping, Pong
 from wyoming.server import AsyncEventHandler, AsyncServer
-from wyoming.tts import Synthesize
+from wyoming.tts import Synthesize, SynthesizeChunk, SynthesizeStart, SynthesizeStop, SynthesizeStopped, SynthesizeVoice
 from wyoming.wake import Detect, Detection, NotDetected
 
+from apps.voice.sentences import SentenceCutter
 from apps.voice.types import SAMPLE_RATE
 from runtime.errors import BadInput, EdgerunError, one_line
 from runtime.resample import resample
@@ -176,7 +180,7 @@ class WyomingService:
             t = self.tts
             info.tts.append(TtsProgram(
                 name="edgerun-tts", attribution=EDGERUN, installed=True, version=version,
-                description="edgerun text-to-speech", supports_synthesize_streaming=False,
+                description="edgerun text-to-speech", supports_synthesize_streaming=True,
                 voices=[TtsVoice(name=t.shown, attribution=t.attribution or EDGERUN, installed=True, description=t.description or t.shown,
                                  version=None, languages=list(t.languages))]))
         if self.wake is not None:
@@ -307,6 +311,8 @@ class WyomingHandler(AsyncEventHandler):
         self._checked = _CheckedReader(reader, service.max_event_bytes)
         self.reader = self._checked  # type: ignore[assignment]  # what AsyncEventHandler.run reads events from
         self._request: _Stream | None = None
+        self._synth: _AudioOut | None = None  # a streamed synthesis (synthesize-start ... synthesize-stop)
+        self._compat_synthesize = False
 
     async def run(self) -> None:
         try:
@@ -372,6 +378,12 @@ class WyomingHandler(AsyncEventHandler):
                 await self._finish(stream)
         elif Synthesize.is_type(event.type):
             await self._synthesize(Synthesize.from_event(event))
+        elif SynthesizeStart.is_type(event.type):
+            await self._synthesize_start(SynthesizeStart.from_event(event))
+        elif SynthesizeChunk.is_type(event.type):
+            await self._synthesize_chunk(SynthesizeChunk.from_event(event))
+        elif SynthesizeStop.is_type(event.type):
+            await self._synthesize_stop()
         else:
             log.debug("wyoming: ignoring a %s event", event.type)
 
@@ -465,23 +477,75 @@ class WyomingHandler(AsyncEventHandler):
         log.info("wyoming: transcript of %.2f s: %r", len(x) / SAMPLE_RATE, text)
         await self.write_event(Transcript(text=text, language=stream.language).event())
 
-    async def _synthesize(self, request: Synthesize) -> None:
+    def _check_voice(self, voice: SynthesizeVoice | None) -> Served:
         tts = self.service.tts
         if tts is None:
             raise RequestError("this server does not synthesize speech (started without text-to-speech)", "not-served")
-        if request.voice is not None and request.voice.name not in (None, tts.shown):
-            raise RequestError(f"voice {request.voice.name!r} is not served (served: {tts.shown})", "not-served")
-        text = request.text.strip() if isinstance(request.text, str) else None
-        if text is None:
-            raise RequestError("synthesize event: its text is not a string")
-        if len(text) > self.service.max_synthesize_chars:
-            raise RequestError(f"the text to synthesize is {len(text)} characters; at most {self.service.max_synthesize_chars}"
-                               " per synthesize request", "too-long")
-        await self._speak(text)
+        if voice is not None and voice.name not in (None, tts.shown):
+            raise RequestError(f"voice {voice.name!r} is not served (served: {tts.shown})", "not-served")
+        return tts
 
-    async def _speak(self, text: str) -> None:
-        """Speech for ``text``, written as the voice makes it: the synthesis runs in a worker thread and hands its
-        pieces to this loop; audio-start goes out with the first piece (its rate is the voice's)."""
+    def _check_text(self, text: Any, event: str, before: int = 0) -> str:
+        if not isinstance(text, str):
+            raise RequestError(f"{event} event: its text is not a string")
+        if before + len(text) > self.service.max_synthesize_chars:
+            raise RequestError(f"the text to synthesize is {before + len(text)} characters; at most "
+                               f"{self.service.max_synthesize_chars} per request", "too-long")
+        return text
+
+    async def _synthesize(self, request: Synthesize) -> None:
+        if self._compat_synthesize:  # a streaming client's copy of the text it streamed: already spoken
+            self._compat_synthesize = False
+            return
+        self._check_voice(request.voice)
+        text = self._check_text(request.text, "synthesize").strip()
+        out = _AudioOut()
+        try:
+            await self._speak(text, out)
+        except BaseException:
+            if out.rate is not None:  # the audio stream that started is closed before the error that follows
+                await self._end_audio(out)
+            raise
+        await self._end_audio(out)
+
+    async def _synthesize_start(self, request: SynthesizeStart) -> None:
+        self._check_voice(request.voice)
+        self._synth = _AudioOut(cutter=SentenceCutter())
+        self._compat_synthesize = True  # a streaming client also sends the whole text in one synthesize event
+
+    async def _synthesize_chunk(self, request: SynthesizeChunk) -> None:
+        out = self._synth
+        if out is None:
+            raise RequestError("synthesize-chunk without synthesize-start")
+        if out.refused:  # refused once: the rest of the text is dropped until synthesize-stop
+            return
+        try:
+            text = self._check_text(request.text, "synthesize-chunk", out.chars)
+            out.chars += len(text)
+            assert out.cutter is not None
+            for sentence in out.cutter.feed(text):
+                await self._speak(sentence, out)
+        except BaseException:
+            out.refused = True
+            raise
+
+    async def _synthesize_stop(self) -> None:
+        out, self._synth = self._synth, None
+        if out is None:
+            raise RequestError("synthesize-stop without synthesize-start")
+        try:
+            assert out.cutter is not None
+            for sentence in ([] if out.refused else out.cutter.flush()):
+                await self._speak(sentence, out)
+        finally:  # the client's streams end as the protocol says, after an error too (reported when it happened)
+            await self._end_audio(out)
+            await self.write_event(SynthesizeStopped().event())
+
+    async def _speak(self, text: str, out: _AudioOut) -> None:
+        """Speech for ``text`` into ``out``'s audio stream, written as the voice makes it: the synthesis runs in a
+        worker thread and hands its pieces to this loop; audio-start goes out with the first piece (the voice's rate)."""
+        if not text:
+            return
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[Any] = asyncio.Queue()
         stop = threading.Event()
@@ -496,34 +560,45 @@ class WyomingHandler(AsyncEventHandler):
                 loop.call_soon_threadsafe(queue.put_nowait, exc)
 
         worker = loop.run_in_executor(None, work)
-        rate: int | None = None
-        sent = 0
         try:
             while (item := await queue.get()) is not done:
                 if isinstance(item, BaseException):
                     raise item
-                samples, piece_rate = item
-                if rate is None:
-                    rate = piece_rate
+                samples, rate = item
+                if out.rate is None:
+                    out.rate = rate
                     await self.write_event(AudioStart(rate=rate, width=2, channels=1, timestamp=0).event())
+                elif rate != out.rate:
+                    samples = resample(samples, rate, out.rate)  # one stream keeps one rate
                 pcm = (np.clip(samples, -1.0, 1.0) * 32767.0).round().astype("<i2").tobytes()
                 for at in range(0, len(pcm), 2 * CHUNK_SAMPLES):
                     part = pcm[at : at + 2 * CHUNK_SAMPLES]
-                    await self.write_event(AudioChunk(rate=rate, width=2, channels=1, audio=part,
-                                                      timestamp=sent * 1000 // rate).event())
-                    sent += len(part) // 2
-        except BaseException:
-            if rate is not None:  # the client's stream is closed before the error that follows it
-                with contextlib.suppress(ConnectionError, RuntimeError):
-                    await self.write_event(AudioStop(timestamp=sent * 1000 // rate).event())
-            raise
+                    await self.write_event(AudioChunk(rate=out.rate, width=2, channels=1, audio=part,
+                                                      timestamp=out.sent * 1000 // out.rate).event())
+                    out.sent += len(part) // 2
         finally:
             stop.set()
             await worker
-        if rate is None:  # nothing to say (only punctuation, or empty text): an empty stream at the usual rate
-            rate = SAMPLE_RATE
-            await self.write_event(AudioStart(rate=rate, width=2, channels=1, timestamp=0).event())
-        await self.write_event(AudioStop(timestamp=sent * 1000 // rate).event())
+
+    async def _end_audio(self, out: _AudioOut) -> None:
+        """audio-stop of ``out``'s stream (after an audio-start: an empty stream when nothing was said)."""
+        with contextlib.suppress(ConnectionError, RuntimeError):
+            if out.rate is None:  # nothing to say (only punctuation, or empty text): an empty stream at the usual rate
+                out.rate = SAMPLE_RATE
+                await self.write_event(AudioStart(rate=out.rate, width=2, channels=1, timestamp=0).event())
+            await self.write_event(AudioStop(timestamp=out.sent * 1000 // out.rate).event())
+
+
+@dataclass
+class _AudioOut:
+    """One synthesized audio stream: its rate once the voice has spoken, samples sent, and for a streamed request
+    the sentence cutter and the characters received."""
+
+    rate: int | None = None
+    sent: int = 0
+    cutter: SentenceCutter | None = None
+    chars: int = 0
+    refused: bool = False
 
 
 # -- binding ----------------------------------------------------------------------------------------------------

@@ -32,7 +32,7 @@ from wyoming.error import Error
 from wyoming.event import Event
 from wyoming.info import Describe, Info
 from wyoming.server import AsyncTcpServer
-from wyoming.tts import Synthesize
+from wyoming.tts import Synthesize, SynthesizeChunk, SynthesizeStart, SynthesizeStop
 from wyoming.wake import Detect, Detection
 
 from apps.cli import main as edgerun
@@ -199,7 +199,7 @@ def test_describe_names_the_asr_tts_and_wake_programs(live: LiveWyoming) -> None
     info = Info.from_event(event)  # as Home Assistant parses it
     assert [m.name for p in info.asr for m in p.models] == ["whisper-tiny-en"]
     assert info.asr[0].models[0].languages == ["en"] and info.asr[0].installed
-    assert [v.name for p in info.tts for v in p.voices] == ["piper-joe-medium"]
+    assert [v.name for p in info.tts for v in p.voices] == ["piper-joe-medium"] and info.tts[0].supports_synthesize_streaming
     assert [(m.name, m.phrase) for p in info.wake for m in p.models] == [("alexa", "alexa")]
     assert "CC-BY-NC-SA" in info.wake[0].models[0].description  # the openWakeWord head's license travels with it
 
@@ -237,6 +237,38 @@ def test_text_in_speech_out_is_heard_back(live: LiveWyoming, judge) -> None:
     heard = _words(judge.transcribe(x, start.rate))
     want = _words(text)
     assert len(set(heard) & set(want)) >= len(want) - 2, (heard, want)
+
+
+@pytest.mark.slow
+def test_streamed_text_is_spoken_as_its_sentences_complete(live: LiveWyoming, judge) -> None:
+    """Home Assistant streams an LLM's answer: synthesize-start, synthesize-chunk..., synthesize-stop, then the whole
+    text once more in a synthesize event (for servers that do not stream), which must not be spoken twice."""
+    pieces = ["The weather", " is sunny", " today. Turn", " on the kitchen", " lights."]
+
+    async def conversation() -> tuple[list[Event], list[Event]]:
+        async with AsyncTcpClient("127.0.0.1", live.port, read_timeout=60) as client:
+            await client.write_event(SynthesizeStart().event())
+            for piece in pieces[:3]:  # the first sentence is complete: its audio comes before the rest is sent
+                await client.write_event(SynthesizeChunk(text=piece).event())
+            first = [await client.read_event(), await client.read_event()]
+            for piece in pieces[3:]:
+                await client.write_event(SynthesizeChunk(text=piece).event())
+            await client.write_event(SynthesizeStop().event())
+            await client.write_event(Synthesize(text="".join(pieces)).event())
+            await client.write_event(Describe().event())
+            rest = []
+            while not rest or rest[-1].type != "info":
+                rest.append(await client.read_event())
+        return first, rest
+
+    first, rest = asyncio.run(conversation())
+    assert [e.type for e in first] == ["audio-start", "audio-chunk"]
+    types = [e.type for e in rest]
+    assert types[-3:] == ["audio-stop", "synthesize-stopped", "info"] and set(types[:-3]) == {"audio-chunk"}, types
+    pcm = b"".join(e.payload or b"" for e in [first[1], *rest[:-3]])
+    rate = AudioStart.from_event(first[0]).rate
+    heard, want = _words(judge.transcribe(np.frombuffer(pcm, "<i2").astype(np.float32) / 32768.0, rate)), _words("".join(pieces))
+    assert len(set(heard) & set(want)) >= len(want) - 2 and len(heard) <= len(want) + 2, (heard, want)  # once, not twice
 
 
 @pytest.mark.slow
