@@ -24,7 +24,7 @@ from runtime.residency import ResidencyManager
 log = logging.getLogger(__name__)
 
 WAKE_HOP_FRAMES = 5  # score every 160 ms (openWakeWord steps 80 ms; a wake word lasts ~0.6 s)
-ASR_PARTIAL_EVERY_S = 1.0  # a partial transcript per second of speech: bounded CPU on a 2-core board
+ASR_PARTIAL_EVERY_S = 1.5  # a partial transcript per 1.5 s of speech: bounded CPU on a 2-core board
 
 
 class WakeWordDetector:
@@ -68,12 +68,61 @@ class WakeWordDetector:
         return score
 
 
+class PauseTranscriber:
+    """One utterance's transcript, decoded while the VAD is still waiting out its hangover.
+
+    Whisper cannot extend a decode, so a partial transcript is of no use to the final one unless nothing was said
+    after it. Here the audio is watched as it is fed: once it has been quiet for PAUSE_S after speech, the whole
+    buffer is decoded at once (in the ASR stage's thread, while the VAD's ~0.5 s hangover runs). When the end of speech
+    is then confirmed and nothing loud came after that decode, :meth:`finish` returns it without decoding again: the
+    transcript is ready when the VAD decides, not a decode later. Speech after the pause makes the next pause (or
+    finish) decode again. Besides, a partial every ``partial_every_s`` of speech is decoded (logged by the pipeline)."""
+
+    PAUSE_S = 0.16  # quiet after speech that is worth a decode (the VAD's hangover is 0.48 s)
+    QUIET_RMS = 0.1  # a frame below this fraction of the loudest frame so far (and below -40 dBFS) is quiet
+
+    def __init__(self, asr: Any, partial_every_s: float = ASR_PARTIAL_EVERY_S, max_seconds: float = 30.0) -> None:
+        self.asr, self.partial_every = asr, int(partial_every_s * SAMPLE_RATE)
+        self._buf = np.zeros(int(max_seconds * SAMPLE_RATE), np.float32)
+        self._n = self._quiet = self._decoded_n = 0
+        self._loudest = 0.0
+        self._decoded: Any = None  # the last decode, and whether anything loud came after it
+        self._loud_after = True
+        self.decodes = 0
+
+    def feed(self, samples: np.ndarray) -> str | None:
+        x = np.asarray(samples, np.float32)[: len(self._buf) - self._n]
+        self._buf[self._n : self._n + len(x)] = x
+        self._n += len(x)
+        rms = float(np.sqrt(np.mean(x**2))) if len(x) else 0.0
+        self._loudest = max(self._loudest, rms)
+        if rms < max(0.01, self.QUIET_RMS * self._loudest):
+            self._quiet += len(x)
+        else:
+            self._quiet, self._loud_after = 0, True
+        paused = self._quiet >= self.PAUSE_S * SAMPLE_RATE and self._loud_after and self._loudest > 0.01
+        if paused or self._n - self._decoded_n >= self.partial_every:
+            return self._decode().text
+        return None
+
+    def _decode(self) -> Any:
+        self._decoded = self.asr.transcribe(self._buf[: self._n])
+        self._decoded_n, self._loud_after = self._n, False
+        self.decodes += 1
+        return self._decoded
+
+    def finish(self) -> Any:
+        if self._decoded is not None and not self._loud_after:
+            return self._decoded  # nothing but quiet since: that decode is the transcript
+        return self._decode()
+
+
 class _Recognizer:
     def __init__(self, asr: Any) -> None:
         self.asr = asr
 
-    def stream(self) -> Any:
-        return self.asr.stream(partial_every_s=ASR_PARTIAL_EVERY_S)
+    def stream(self) -> PauseTranscriber:
+        return PauseTranscriber(self.asr)
 
 
 @contextlib.contextmanager

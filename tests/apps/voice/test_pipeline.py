@@ -391,3 +391,34 @@ def test_wake_word_must_be_a_detector_at_16_khz(alexa) -> None:
 
     with pytest.raises(BadInput, match="3-class audio model, not a wake-word detector"):
         WakeWordDetector(Multi(), "keywords")
+
+
+# -- ASR decoded during the VAD's hangover -----------------------------------------------------------------------
+def _feed(stream: Any, x: np.ndarray) -> None:
+    for at in range(0, len(x), FRAME_SAMPLES):
+        stream.feed(x[at : at + FRAME_SAMPLES])
+
+
+def test_transcript_decoded_in_the_pause_is_final_when_only_quiet_follows() -> None:
+    from apps.voice.models import PauseTranscriber
+    from tests.runtime.speech_clips import shared, silence, spoken
+
+    asr = shared("asr")
+    stream = PauseTranscriber(asr, partial_every_s=30.0)
+    _feed(stream, np.concatenate([silence(0.2), spoken("What is the capital of France?"), silence(0.5)]))
+    assert stream.decodes == 1  # decoded once, in the pause
+    t0 = time.perf_counter()
+    final = stream.finish()
+    assert time.perf_counter() - t0 < 0.01 and stream.decodes == 1  # the end of speech costs no decode
+    assert "capital of france" in final.text.lower()
+
+    # speech again after a pause: that decode is stale, the next pause decodes the whole utterance
+    stream = PauseTranscriber(asr, partial_every_s=30.0)
+    _feed(stream, np.concatenate([spoken("Set a timer"), silence(0.3), spoken("for ten minutes."), silence(0.5)]))
+    n = stream.decodes
+    assert n >= 2 and "minutes" in stream.finish().text.lower() and stream.decodes == n
+    # ...and with no pause after the new speech, finish decodes it (the pause's decode did not hear it)
+    stream = PauseTranscriber(asr, partial_every_s=30.0)
+    _feed(stream, np.concatenate([spoken("Set a timer"), silence(0.3), spoken("for ten minutes."), 0.3 * tone(0.1)]))
+    n = stream.decodes
+    assert n >= 1 and "minutes" in stream.finish().text.lower() and stream.decodes == n + 1
