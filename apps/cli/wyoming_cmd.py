@@ -96,8 +96,12 @@ def main(args: argparse.Namespace) -> int:
         service.preload()  # every model loaded before the port opens: Home Assistant's first request does not wait
         offered = ", ".join(f"{kind} {s.shown}" for kind, s in (("asr", service.asr), ("tts", service.tts),
                                                                 ("wake", service.wake)) if s is not None)
-        print(f"edgerun: serving Wyoming on {uri} ({offered}); add it in Home Assistant as a Wyoming Protocol "
-              "integration", file=sys.stderr)
+        from runtime.units import fmt_bytes
+
+        stats = service.models.stats()
+        print(f"edgerun: serving Wyoming on {uri} ({offered}; {fmt_bytes(stats['used_bytes'])} planned of a "
+              f"{fmt_bytes(stats['budget_bytes'])} budget); add it in Home Assistant as a Wyoming Protocol integration",
+              file=sys.stderr)
         asyncio.run(serve(service, uri))
     finally:
         service.models.close()

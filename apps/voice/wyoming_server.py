@@ -338,6 +338,9 @@ class WyomingHandler(AsyncEventHandler):
         except (KeyError, TypeError, ValueError, AttributeError) as exc:  # a field missing or of the wrong type
             what = f"missing field {exc}" if isinstance(exc, KeyError) else one_line(exc)
             await self._error(event, f"{event.type} event: {what}", "bad-input")
+        except ConnectionError as exc:  # the client went away while being answered: nobody to tell
+            log.info("wyoming: client went away during %s: %s", event.type, one_line(exc))
+            return False
         except Exception as exc:  # a model that cannot load or run: reported, the connection goes on
             log.warning("wyoming: %s failed: %s", event.type, one_line(exc))
             await self._error(event, f"{event.type} failed: {one_line(exc)}", "model-error")

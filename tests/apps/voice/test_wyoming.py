@@ -297,6 +297,33 @@ def test_wake_word_stream_detection_and_not(live: LiveWyoming, speech: dict[str,
         assert [e.type for e in got] == ["not-detected"], (path, got)
 
 
+@pytest.mark.slow
+def test_clients_at_once_and_one_that_leaves_mid_answer(live: LiveWyoming, speech: dict[str, list[Path]]) -> None:
+    """Connections are served at once (each model runs one request at a time); a client that goes away while its
+    answer is spoken costs the others nothing."""
+    clips = [_read_wav(p) for p in speech["other"][:2]]  # (the third says "forty two", which Whisper writes "42")
+
+    async def leave_mid_answer() -> None:
+        async with AsyncTcpClient("127.0.0.1", live.port) as client:
+            await client.write_event(Synthesize(text="This answer is long. " * 40).event())
+            await client.read_event()  # audio-start: it is speaking; leave
+
+    async def transcribe(x: np.ndarray, rate: int) -> str:
+        got = await _talk(live.port, [Transcribe().event(), *_stream(x, rate)], ("transcript",))
+        return Transcript.from_event(got[-1]).text
+
+    async def together() -> list[str]:
+        results = await asyncio.gather(leave_mid_answer(), *(transcribe(x, rate) for x, rate in clips))
+        return list(results[1:])
+
+    texts = asyncio.run(together())
+    for text, want in zip(texts, OTHER[5:7], strict=True):
+        heard, words = _words(text), _words(want)
+        assert len(set(heard) & set(words)) >= len(words) - 1, (heard, words)
+    (event,) = talk(live.port, [Describe().event()], "info")
+    assert event.type == "info"
+
+
 def _error(event: Event) -> str:
     assert Error.is_type(event.type), event
     return Error.from_event(event).text
