@@ -40,7 +40,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--barge-in", action=argparse.BooleanOptionalAction, default=None,
                         help="speech while the assistant answers stops it (default on, off with mic and speaker: "
                              "without echo cancellation it would hear itself)")
-    parser.add_argument("--fast", action="store_true", help="read --input FILE.wav as fast as possible, not in real time")
+    parser.add_argument("--fast", action="store_true",
+                        help="read --input FILE.wav as fast as the answers allow, not in real time: each question is "
+                             "heard once the one before it is answered (no barge-in)")
     parser.add_argument("--json", action="store_true", help="print each turn event as a JSON line instead of a table row")
 
 
@@ -74,8 +76,11 @@ def main(args: argparse.Namespace) -> int:
 
 def _source(args: argparse.Namespace) -> Any:
     from apps.voice.audio_io import MicSource, WavSource
+    from runtime.errors import BadInput
 
     if args.input == "mic":
+        if args.fast:
+            raise BadInput("--fast reads a WAV file ahead of real time; it does not apply to --input mic")
         return MicSource()
     return WavSource(args.input, realtime=not args.fast)
 
@@ -100,7 +105,8 @@ def _converse(args: argparse.Namespace, wanted: Any, manager: Any, source: Any, 
     barge_in = (not live) if args.barge_in is None else args.barge_in
     with leased_models(manager, tts=wanted.tts, wake=wanted.wake) as models:
         pipeline = Pipeline(models, sink, conversation=Conversation(args.system or SYSTEM_PROMPT),
-                            options=Options(barge_in=barge_in), on_event=_printer(args.json))
+                            options=Options(barge_in=barge_in and not args.fast, hold_input=args.fast),
+                            on_event=_printer(args.json))
         print("listening" + (f" for the wake word {wanted.wake!r}" if wanted.wake else "") + " (Ctrl-C ends)",
               file=sys.stderr)
         try:

@@ -104,6 +104,9 @@ class Models:
 @dataclass
 class Options:
     barge_in: bool = True
+    # A file read faster than real time: the next frame waits until the turns heard so far are answered (one
+    # question at a time, no barge-in by a question that would only have been asked later).
+    hold_input: bool = False
     listen_after_wake_s: float = LISTEN_AFTER_WAKE_S
     max_utterance_s: float = MAX_UTTERANCE_S
     queue_frames: int = int(MAX_UTTERANCE_S * SAMPLE_RATE / FRAME_SAMPLES) + 16  # a whole utterance: listening never waits for ASR
@@ -162,6 +165,8 @@ class Pipeline:
         self._turns = 0
         self._stopping = threading.Event()
         self._failing: set[Stage] = set()  # wake/VAD stages failing now (reported once per run of failures)
+        self._open: set[int] = set()  # turns heard to their end of speech and not finished yet
+        self._settled = threading.Condition(self._lock)
 
     # -- running ----------------------------------------------------------------------------------------------
     def run(self, frames: Iterator[AudioChunk]) -> list[TurnResult]:
@@ -198,6 +203,8 @@ class Pipeline:
     def stop(self) -> None:
         """End the session: the listener stops at its next frame; the turn in progress finishes."""
         self._stopping.set()
+        with self._settled:
+            self._settled.notify_all()
 
     def _guard(self, loop: Callable[[], None], stage: Stage, inbox: queue.Queue[Any],
                outbox: queue.Queue[Any] | None) -> Callable[[], None]:
@@ -212,7 +219,7 @@ class Pipeline:
             except BaseException as exc:
                 self._report(StageError(stage, f"{type(exc).__name__}: {one_line(exc)}", fatal=True))
                 log.error("voice %s stage stopped", stage.value, exc_info=True)
-                self._stopping.set()
+                self.stop()
             while inbox.get() is not _END:
                 pass
             if outbox is not None:
@@ -244,9 +251,12 @@ class Pipeline:
             except Exception:
                 if speech is not None:  # the input failed mid-utterance: what was heard is still a turn
                     speech.mark(Mark.SPEECH_END, time.monotonic(), seconds=round(heard * FRAME_SAMPLES / SAMPLE_RATE, 2))
-                    self._utterances.put(("end", speech))
+                    self._end_utterance(speech)
                 raise
             frame = self._checked(chunk)
+            if opts.hold_input and speech is None:
+                with self._settled:
+                    self._settled.wait_for(lambda: not self._open or self._stopping.is_set())
             answering = self._answering()
             if speech is None and answering and not opts.barge_in:
                 continue  # half duplex: the assistant does not listen while it answers (it would hear itself)
@@ -299,13 +309,18 @@ class Pipeline:
                     vad_frames = 0
                 speech.mark(Mark.SPEECH_END, ended_at, seconds=round(heard * FRAME_SAMPLES / SAMPLE_RATE, 2),
                             vad_decided_ms=round((chunk.t - ended_at) * 1000, 1))
-                self._utterances.put(("end", speech))
+                self._end_utterance(speech)
                 speech = None
                 if wake is not None:
                     wake.reset()
         if speech is not None:  # the input ended mid-utterance: what was heard is the turn
             speech.mark(Mark.SPEECH_END, time.monotonic(), seconds=round(heard * FRAME_SAMPLES / SAMPLE_RATE, 2))
-            self._utterances.put(("end", speech))
+            self._end_utterance(speech)
+
+    def _end_utterance(self, speech: Timeline) -> None:
+        with self._lock:
+            self._open.add(speech.turn)
+        self._utterances.put(("end", speech))
 
     @staticmethod
     def _checked(chunk: AudioChunk) -> np.ndarray:
@@ -530,6 +545,8 @@ class Pipeline:
             if self._active is turn:
                 self._active = None
             self.results.append(turn.result)
+            self._open.discard(turn.turn)
+            self._settled.notify_all()
 
 
 def _describe(exc: BaseException) -> str:

@@ -256,6 +256,22 @@ def test_without_barge_in_the_answer_plays_to_the_end_and_speech_over_it_is_igno
     assert sink.seconds == pytest.approx(2.4, abs=0.05)
 
 
+def test_a_file_read_fast_is_answered_one_question_at_a_time(tmp_path: Path) -> None:
+    engine = ScriptedEngine(lambda q: f"Answer to {q}. It has two sentences.", word_s=0.02)
+    voice = ToneVoice()
+    audio = wav(tmp_path, *[np.concatenate([tone(0.4), quiet(0.6)]) for _ in range(4)])
+    events: list[TurnEvent] = []
+    pipe = Pipeline(Models(vad=EnergyVad(), asr=ScriptedAsr(["one", "two", "three", "four"]), llm=engine.lease, tts=voice),
+                    WavSink(tmp_path / "out.wav"), options=Options(barge_in=False, hold_input=True), on_event=events.append)
+    t0 = time.monotonic()
+    results = pipe.run(WavSource(audio, realtime=False).frames())
+    assert time.monotonic() - t0 < 4.0 + 1.5  # faster than the 4 s of audio plus its tail in real time would allow
+    assert [(r.transcript, r.interrupted, len(r.spoken)) for r in results] == [
+        ("one", False, 2), ("two", False, 2), ("three", False, 2), ("four", False, 2)]
+    for turn in (1, 2, 3):  # the next question was heard only after this answer was done
+        assert marks(events, turn)[Mark.DONE].t <= marks(events, turn + 1)[Mark.SPEECH_START].t
+
+
 def test_noise_and_silence_make_no_turn(tmp_path: Path) -> None:
     from runtime.vad import SpeechSegmenter
     from tests.runtime.speech_clips import shared
