@@ -15,11 +15,12 @@ the wake word, a pause, the request and a silent tail for the end of speech), ne
 wake word, near misses such as "Alex"), and non-speech (silence over a noise floor, white noise, mains hum,
 speech played backwards). Clips are written at the voice's own rate (22.05 kHz) or, with ``rate``, resampled.
 
-Real human speech: no wheel installed here ships a recording of a person speaking (site-packages holds scipy's
+Recorded speech: no wheel installed here ships a recording of someone speaking (site-packages holds scipy's
 synthetic test tones only). The llama-cpp-python sdist on PyPI (MIT) ships one, ``tools/mtmd/test-2.mp3`` in its
-vendored llama.cpp; :func:`human_samples` takes it from that sdist when it is on this machine (bench/
+vendored llama.cpp: 17 s of a narrator on the 1969 moon landing (its source does not say whether the narrator is a
+person or a synthetic voice). :func:`human_samples` takes it from that sdist when it is on this machine (bench/
 build_llama_server.sh downloads it with pip) and decodes it with PyAV (a faster-whisper dependency). It has no
-reference transcript, so it serves as real non-wake speech (false accepts) and as an ASR smoke input.
+reference transcript, so it serves as non-wake speech (false accepts) and as an ASR smoke input.
 
 Layout written by :func:`write_corpus`::
 
