@@ -151,6 +151,21 @@ def _session_wav(corpus: mva.Corpus, clips: list[mva.Clip], path: Path, gap_s: f
     write_wav(path, np.concatenate(parts), corpus.rate)
 
 
+def _align(turns: list[mva.Clip], heard: list[str], lookahead: int = 3) -> list[tuple[mva.Clip, str]]:
+    """Each transcript with the turn it transcribes: turns are heard in order, but one whose wake word was missed
+    has no transcript, so each goes to the best-matching of the next ``lookahead`` turns not yet matched."""
+    out, at = [], 0
+    for h in heard:
+        window = turns[at : at + lookahead]
+        if not window:
+            break
+        rates = [mva.word_errors(c.request, mva.strip_wake(h)) for c in window]
+        best = min(range(len(window)), key=lambda k: rates[k][0] / max(rates[k][1], 1))
+        out.append((window[best], h))
+        at += best + 1
+    return out
+
+
 def _pct(values: list[float], q: float) -> float:
     from apps.voice.timing import percentile
 
@@ -199,7 +214,9 @@ def main() -> int:
             lat.setdefault(e["mark"], []).append(e["ms_after_speech_end"])
     heard = [e["text"] for e in events if e.get("mark") == "transcript"]
     woke = [e for e in events if e.get("mark") == "wake"]
-    session_wer = mva.wer((c.request, mva.strip_wake(h)) for c, h in zip(turns, heard, strict=False)) if heard else None
+    matched = _align(turns, heard)
+    session_wer = mva.wer((c.request, mva.strip_wake(h)) for c, h in matched) if matched else None
+    missed = [c.id for c in turns if c not in {m[0] for m in matched}]
     asr_rtf = sum(r["elapsed_s"] for r in asr["rows"]) / sum(r["seconds"] for r in asr["rows"])
     asr_wer = {v: mva.wer((r["ref"], r["hyp"]) for r in asr["rows"] if r["voice"] == v) for v in args.voices}
     tts_rtf = sum(r["elapsed_s"] for r in tts["rows"]) / max(sum(r["seconds"] for r in tts["rows"]), 1e-9)
@@ -208,7 +225,7 @@ def main() -> int:
     plan_bytes = session["plan_total_bytes"]  # the models and their libraries; the 5 % reserve is headroom on top
     results.update(
         session={"turns": len(turns), "exit_code": session["exit_code"], "wakes": len(woke), "transcripts": len(heard),
-                 "wer": session_wer, "latency_ms": {m: {"n": len(v), "p50": _pct(v, 50), "p95": _pct(v, 95)}
+                 "wer": session_wer, "missed_turns": missed, "latency_ms": {m: {"n": len(v), "p50": _pct(v, 50), "p95": _pct(v, 95)}
                                                     for m, v in lat.items()},
                  "peak_rss_bytes": session["peak_rss_bytes"], "plan_bytes": plan_bytes,
                  "plan_reserve_bytes": session["plan_reserve_bytes"],
@@ -235,6 +252,8 @@ def main() -> int:
             m = s["latency_ms"][mark]
             print(f"| end of speech -> {mark.replace('_', ' ')}, p50 / p95 (n={m['n']}) | {m['p50']:.0f} / {m['p95']:.0f} ms |")
     print(f"| turns woken / transcribed of {s['turns']} | {s['wakes']} / {s['transcripts']} |")
+    if s["missed_turns"]:
+        print(f"| turns not woken | {', '.join(s['missed_turns'])} |")
     if s["wer"] is not None:
         print(f"| turn transcripts, word error rate | {s['wer']:.1%} |")
     print(f"| ASR real-time factor (Whisper tiny.en INT8, {results['asr']['clips']} clips) | {asr_rtf:.3f} |")
