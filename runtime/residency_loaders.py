@@ -209,5 +209,59 @@ def _classifier_runtime(plan: Any) -> dict[str, int]:
     return {lib: size for lib, size in parts.items() if size > 0}
 
 
+class SpeechLoader:
+    """kinds "asr" (runtime.asr.ASR), "vad" (runtime.vad.SileroVAD), "tts" (runtime.tts.PiperTTS): speech models
+    from their recipes (runtime.speech_models), planned with their measured terms; the library's runtime term
+    (CTranslate2, ONNX Runtime) is counted once per process. Options: threads."""
+
+    OPTIONS = ("threads",)
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        self._plans: dict[tuple[Any, ...], Any] = {}
+
+    def plan_bytes(self, spec: Any, budget: int) -> int:
+        from runtime.speech_models import resolve_speech
+
+        _options(spec, self.OPTIONS)
+        if self.kind == "asr":
+            from runtime.asr import MODEL_FILES, asr_plan
+
+            plan = asr_plan(resolve_speech(spec.ref, "asr", MODEL_FILES))
+        elif self.kind == "vad":
+            from runtime.vad import MODEL_FILE, vad_plan
+
+            plan = vad_plan(resolve_speech(spec.ref, "vad", (MODEL_FILE,)))
+        else:
+            from runtime.tts import tts_plan
+
+            files = resolve_speech(spec.ref, "tts", ())
+            plan = tts_plan(files, next((n for n in files.files if n.endswith(".onnx")), ""))
+        self._plans[_key(spec)] = plan
+        return plan.total_bytes
+
+    def shared_bytes(self, spec: Any) -> Mapping[str, int]:
+        plan = self._plans[_key(spec)]
+        return {plan.library: plan.runtime_bytes}
+
+    def load(self, spec: Any, budget: int) -> Any:
+        planned = self.plan_bytes(spec, budget) if _key(spec) not in self._plans else self._plans[_key(spec)].total_bytes
+        threads = spec.options.get("threads")
+        if self.kind == "asr":
+            from runtime.asr import ASR
+
+            obj: Any = ASR.load(spec.ref, threads=threads)
+        elif self.kind == "vad":
+            from runtime.vad import SileroVAD
+
+            obj = SileroVAD.load(spec.ref, threads=threads or 1)
+        else:
+            from runtime.tts import load_tts
+
+            obj = load_tts(spec.ref, threads=threads, fallback=False)  # the plan is Piper's: no silent swap
+        return _agrees(spec, obj, planned)
+
+
 def default_loaders() -> dict[str, Any]:
-    return {"llm": LLMLoader(), "vision": VisionLoader(), "audio": AudioLoader(), "anomaly": AnomalyLoader()}
+    return {"llm": LLMLoader(), "vision": VisionLoader(), "audio": AudioLoader(), "anomaly": AnomalyLoader(),
+            "asr": SpeechLoader("asr"), "vad": SpeechLoader("vad"), "tts": SpeechLoader("tts")}

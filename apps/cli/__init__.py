@@ -36,6 +36,8 @@ COMMANDS: dict[str, str] = {
     "serve": "apps.cli.serve_cmd",
     "loadtest": "apps.cli.loadtest_cmd",
     "kiosk": "apps.cli.kiosk_cmd",
+    "voice": "apps.cli.voice_cmd",
+    "wyoming": "apps.cli.wyoming_cmd",
 }
 
 

