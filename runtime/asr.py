@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import sys
 import tempfile
 import threading
 import time
@@ -94,13 +95,31 @@ def _checked_folder(files: SpeechFiles) -> Iterator[str]:
             yield tmp
 
 
+# faster-whisper's __init__ imports huggingface_hub (for a download helper this module never calls: models load only
+# from a local folder of checked files). The hub client reads its offline switches when it is first imported; they
+# are set before that, and told to it directly if something imported it earlier, so that no request can leave even
+# by mistake (huggingface_hub refuses every HTTP request in offline mode). TRANSFORMERS_OFFLINE is its older name.
+OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1",
+               "HF_HUB_DISABLE_IMPLICIT_TOKEN": "1", "HF_HUB_DISABLE_UPDATE_CHECK": "1"}
+
+
+def import_faster_whisper() -> Any:
+    """The faster_whisper module, imported with every hub client switched offline (see OFFLINE_ENV)."""
+    os.environ.update(OFFLINE_ENV)
+    fw = require("faster_whisper", INSTALL, purpose="speech recognition")
+    hub = sys.modules.get("huggingface_hub.constants")
+    if hub is not None:  # imported before the switches were set: it read them already
+        hub.HF_HUB_OFFLINE = hub.HF_HUB_DISABLE_TELEMETRY = True
+    return fw
+
+
 class ASR:
     """A Whisper model on the CPU. ``transcribe`` is thread-safe (one decode at a time)."""
 
     rate = RATE
 
     def __init__(self, files: SpeechFiles, placement: Any) -> None:
-        fw = require("faster_whisper", INSTALL, purpose="speech recognition")
+        fw = import_faster_whisper()
         self.files, self.placement, self.threads = files, placement, placement.threads
         self.plan = asr_plan(files)
         try:
