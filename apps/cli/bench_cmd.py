@@ -1,5 +1,7 @@
 """``edgerun bench BUNDLE``: latency p50/p99 at 1 and 2 threads, batched throughput, and the placement.
 
+LLM: prefill and decode tokens/s per thread count as llama-bench reports them, and decode with and without
+speculation (apps/cli/bench_llm.py).
 Vision: a fixed random image in model layout, so every run sees the same work.
 Audio: two seconds of fixed noise through the bundle's front end gives the
 windows the model is timed on; the front end's own cost is reported per second
@@ -14,24 +16,54 @@ from typing import Any
 
 import numpy as np
 
-from apps.cli.common import print_json
-from apps.cli.flags import MAX_BATCH, MAX_RUNS, integer, thread_count
+from apps.cli.common import print_json, refuse_flags
+from apps.cli.flags import MAX_BATCH, MAX_RUNS, integer, size, thread_count
+from runtime.errors import BadInput
+from runtime.plan import CTX_PAD, DEFAULT_MAX_CTX
 
-HELP = "measure a vision or audio bundle: latency p50/p99 at 1 and 2 threads, throughput with batching, placement"
+HELP = ("measure a model: an LLM's prefill/decode tokens/s per thread count (llama-bench's pp/tg) and speculation; "
+        "a vision or audio bundle's latency p50/p99, throughput with batching, placement")
+RUNS = {"llm": 3, "classifier": 50}
+BATCH = 8
+MAX_BENCH_TOKENS = DEFAULT_MAX_CTX - CTX_PAD  # prompt + generated tokens share one context
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model", help="bundle path or installed name[@version]")
     parser.add_argument("--threads", type=thread_count, nargs="+", default=[1, 2], metavar="N",
                         help="thread counts to measure, each 1 to 4 x the logical CPUs (default 1 2)")
-    parser.add_argument("--runs", type=integer(1, MAX_RUNS), default=50, metavar="N", help="timed runs per setting (default 50)")
-    parser.add_argument("--batch", type=integer(1, MAX_BATCH), default=8, metavar="N", help="batch size for the throughput run (default 8)")
+    parser.add_argument("--runs", type=integer(1, MAX_RUNS), metavar="N",
+                        help=f"timed runs per setting (default {RUNS['classifier']}; LLM: {RUNS['llm']})")
+    parser.add_argument("--batch", type=integer(1, MAX_BATCH), metavar="N",
+                        help=f"vision/audio: batch size for the throughput run (default {BATCH})")
+    tokens = integer(0, MAX_BENCH_TOKENS, "0 skips the test; prompt and generated tokens share one context")
+    parser.add_argument("--prompt-tokens", type=tokens, metavar="N", help="LLM: prompt tokens of the prefill test ppN (default 512)")
+    parser.add_argument("--gen-tokens", type=tokens, metavar="N", help="LLM: tokens of the decode test tgN (default 128)")
+    parser.add_argument("--memory", type=size(), metavar="SIZE", help="LLM: memory budget (default: the board profile's share)")
     parser.add_argument("--target", default="auto", help="cpu, gpu, npu or auto (default: auto)")
     parser.add_argument("--require-accelerator", action="store_true")
     parser.add_argument("--json", action="store_true")
 
 
-def measure(ref: str, threads: int, runs: int, batch: int, target: str = "auto", require_accelerator: bool = False) -> dict[str, Any]:
+def _main_llm(args: argparse.Namespace, model: Any) -> int:
+    from apps.cli import bench_llm
+
+    refuse_flags(args, ("batch",), model, "it takes --prompt-tokens, --gen-tokens, --runs and --threads; --batch is for vision/audio")
+    prompt = 512 if args.prompt_tokens is None else args.prompt_tokens
+    gen = 128 if args.gen_tokens is None else args.gen_tokens
+    if prompt + gen > MAX_BENCH_TOKENS:
+        raise BadInput(f"--prompt-tokens {prompt} + --gen-tokens {gen} is over {MAX_BENCH_TOKENS}: "
+                       "they share one context; give at most that many in all")
+    report = bench_llm.measure(model, list(args.threads), prompt, gen, args.runs or RUNS["llm"], memory=args.memory,
+                               target=args.target, require_accelerator=args.require_accelerator)
+    if args.json:
+        print_json(report)
+    else:
+        bench_llm.print_report(report)
+    return 0
+
+
+def measure(ref: Any, threads: int, runs: int, batch: int, target: str = "auto", require_accelerator: bool = False) -> dict[str, Any]:
     import time
 
     from runtime import preprocess
@@ -39,7 +71,7 @@ def measure(ref: str, threads: int, runs: int, batch: int, target: str = "auto",
     from runtime.classifier import Classifier
     from runtime.resolve import resolve
 
-    resolved = resolve(ref)
+    resolved = resolve(ref) if isinstance(ref, str) else ref
     extra: dict[str, Any] = {}
     if resolved.manifest.kind is ModelKind.AUDIO:
         from runtime.audio_classifier import AudioClassifier
@@ -77,7 +109,16 @@ def measure(ref: str, threads: int, runs: int, batch: int, target: str = "auto",
 
 
 def main(args: argparse.Namespace) -> int:
-    rows = [measure(args.model, t, args.runs, args.batch, args.target, args.require_accelerator) for t in args.threads]
+    from runtime.bundle import ModelKind
+    from runtime.resolve import resolve
+
+    model = resolve(args.model)
+    if model.manifest.kind is ModelKind.LLM:
+        return _main_llm(args, model)
+    refuse_flags(args, ("prompt_tokens", "gen_tokens", "memory"), model,
+                 "it takes --runs, --batch and --threads; --prompt-tokens, --gen-tokens and --memory are for LLMs")
+    runs, batch = args.runs or RUNS["classifier"], args.batch or BATCH
+    rows = [measure(model, t, runs, batch, args.target, args.require_accelerator) for t in args.threads]
     if args.json:
         print_json({"model": rows[0]["model"], "results": rows})
         return 0
