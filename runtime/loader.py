@@ -40,6 +40,7 @@ class OpenedLLM:
     plan: MemoryPlan
     backend: Any
     placement: Placement
+    draft: Any = None  # runtime.draft.DraftModel when a draft model was asked for (the caller owns it and closes it)
 
 
 def open_llm(
@@ -54,10 +55,12 @@ def open_llm(
     prefix_cache_bytes: int | None,
     slots: int = 1,
     backend: BackendFactory | None = None,
+    draft: str | ResolvedModel | None = None,
 ) -> OpenedLLM:
     """Resolve ``model`` and open its GGUF within ``memory`` (bytes or a size; None: the default budget).
     ``slots``: sequences decoded together (runtime.plan.plan_llm); ``backend``: what opens the file, called as
-    ``backend(path, plan, placement)`` (None: the registry's llama.cpp backend, runtime.backends.open_backend)."""
+    ``backend(path, plan, placement)`` (None: the registry's llama.cpp backend, runtime.backends.open_backend).
+    ``draft``: a draft model for speculative decoding (runtime/draft.py), planned, checked and opened beside."""
     model = resolve(model) if isinstance(model, str) else model
     budget = parse_size(memory) if isinstance(memory, str) else (memory or default_budget())
     kv_type = KVType(kv_type) if isinstance(kv_type, str) else kv_type
@@ -65,17 +68,27 @@ def open_llm(
     if manifest.kind != ModelKind.LLM or manifest.backend != BackendName.LLAMACPP:
         raise BadInput(f"{manifest.ref} is a {manifest.kind.value} model for {manifest.backend.value}; "
                        "this command runs GGUF language models")
+    draft_model = _draft_model(draft)
     with contextlib.ExitStack() as undo:
         # The header check, the plan and llama.cpp all read the one file that was verified (runtime.checked_open).
-        with model.opened(manifest.file("weights").path) as (weights,):
+        with contextlib.ExitStack() as files:
+            (weights,) = files.enter_context(model.opened(manifest.file("weights").path))
             info = read_gguf(weights)
+            draft_info = draft_path = None
+            if draft_model is not None:
+                (draft_path,) = files.enter_context(draft_model.opened(draft_model.manifest.file("weights").path))
+                draft_info = read_gguf(draft_path)
             plan = plan_llm(info, budget, name=manifest.ref, ctx=ctx, kv_type=kv_type, prefix_cache_bytes=prefix_cache_bytes,
-                            slots=slots)
+                            slots=slots, draft=draft_info, draft_name=draft_model.manifest.ref if draft_model else "")
             from devices.placement import resolve_placement
 
             n_layers = int(info.arch_value("block_count", 0) or 0)
             placement = resolve_placement(BackendName.LLAMACPP, target, require_accelerator=require_accelerator, threads=threads,
                                           n_layers=n_layers)
+            if draft_path is not None:
+                from runtime.draft import check_same_vocab
+
+                check_same_vocab(weights, draft_path, manifest.ref, plan.draft.model)  # before anything is allocated
             if backend is None:
                 from runtime.backends import open_backend  # imports llama.cpp only now, once placement allowed it
 
@@ -83,10 +96,29 @@ def open_llm(
             else:
                 opened = backend(weights, plan, placement)
             undo.callback(opened.close)
+            opened_draft = None
+            if draft_path is not None:
+                from runtime.draft import DraftModel
+
+                opened_draft = DraftModel.open(draft_path, plan, placement)
+                undo.callback(opened_draft.close)
         placement = placement.loaded(opened.offload(), require_accelerator=require_accelerator)  # measured by llama.cpp
         undo.pop_all()
     if slots == 1:
         log.info("%s", placement.summary())
     else:
         log.info("%s; %d slots of %d tokens", placement.summary(), plan.n_slots, plan.slot_ctx)
-    return OpenedLLM(model, plan, opened, placement)
+    if opened_draft is not None:
+        log.info("draft model %s for speculative decoding, %d tokens of context", opened_draft.ref, opened_draft.n_ctx)
+    return OpenedLLM(model, plan, opened, placement, opened_draft)
+
+
+def _draft_model(draft: str | ResolvedModel | None) -> ResolvedModel | None:
+    """The draft model resolved as any model is (bundle, .gguf, name); it must be a llama.cpp LLM too."""
+    if draft is None:
+        return None
+    found = resolve(draft) if isinstance(draft, str) else draft
+    if found.manifest.kind != ModelKind.LLM or found.manifest.backend != BackendName.LLAMACPP:
+        raise BadInput(f"--draft {found.manifest.ref} is a {found.manifest.kind.value} model for"
+                       f" {found.manifest.backend.value}; a draft model is a GGUF language model sharing the target's vocabulary")
+    return found

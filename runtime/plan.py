@@ -19,7 +19,11 @@ memory (what RSS measures), because that is what runs out on a small device:
 * ``runtime``: the Python interpreter, numpy and libllama themselves, plus
   llama.cpp's fixed per-context allocations;
 * ``vocab``: tokenizer tables, about 128 bytes per vocabulary entry (llama.cpp's
-  vocabulary plus llama-cpp-python's candidate array).
+  vocabulary plus llama-cpp-python's candidate array);
+* ``draft``: with a draft model for speculative decoding (runtime/draft.py), its
+  weights, KV cache, compute and vocabulary tables, each a term of its own. The draft
+  runs in a second llama.cpp context with the target's context size, KV type and
+  micro-batch (it holds the same tokens); the interpreter and libraries are shared.
 
 A plan fits when its total plus a reserve of 5 % of the budget is within the
 budget. The two constants were fitted on x86_64 from SmolLM2 (49k vocabulary) and
@@ -35,6 +39,7 @@ saying by how much.
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -50,6 +55,12 @@ MIN_CTX = 256
 CTX_PAD = 256  # llama.cpp pads n_ctx to 256 cells when flash attention is on
 UBATCH_CHOICES = (512, 256, 128, 64)
 MAX_SLOTS = 64  # sequences in one context; every step decodes one token of each, so a micro-batch (>= 64) holds them
+
+DRAFT_VOCAB_HOW = ("a draft must share the target's vocabulary: the same model at another quantization (edgerun convert draft"
+                   " TARGET --out DRAFT.gguf) or a smaller member of its family")
+# Header keys a draft model must share with its target: they decide how text becomes tokens and which ids are special.
+TOKENIZER_KEYS = ("tokenizer.ggml.model", "tokenizer.ggml.pre", "tokenizer.ggml.bos_token_id",
+                  "tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id")
 
 # Layers with sliding-window attention, by architecture: llama.cpp's own rules
 # (src/llama-model.cpp, set_swa_pattern), used when the GGUF does not carry
@@ -164,6 +175,32 @@ class LLMShape:
 
 
 @dataclass(frozen=True)
+class DraftTerms:
+    """What a draft model adds to a plan: its own context of the target's ``n_ctx`` cells, KV type and micro-batch."""
+
+    model: str
+    weights_bytes: int
+    kv_bytes: int
+    compute_bytes: int
+    compute_reserved_bytes: int
+    vocab_bytes: int
+    n_ctx: int
+    kv_type: KVType
+    n_ubatch: int
+
+    @property
+    def total_bytes(self) -> int:
+        return self.weights_bytes + self.kv_bytes + self.compute_bytes + self.vocab_bytes
+
+    @classmethod
+    def build(cls, shape: LLMShape, name: str, weights: int, n_ctx: int, kv: KVType, ub: int) -> DraftTerms:
+        swa = int(shape.kv_cell_bytes(kv, swa=True) * shape.swa_cells(n_ctx, ub))
+        return cls(model=name, weights_bytes=weights, kv_bytes=int(shape.kv_cell_bytes(kv, swa=False) * n_ctx) + swa,
+                   compute_bytes=shape.compute_bytes(ub), compute_reserved_bytes=shape.compute_reserved_bytes(ub),
+                   vocab_bytes=shape.n_vocab * VOCAB_ENTRY_BYTES, n_ctx=n_ctx, kv_type=kv, n_ubatch=ub)
+
+
+@dataclass(frozen=True)
 class MemoryPlan:
     model: str
     budget_bytes: int
@@ -183,6 +220,7 @@ class MemoryPlan:
     swa: dict[str, int] = field(default_factory=dict)
     n_slots: int = 1  # sequences decoded together (runtime/engine.py), each in its own KV stream of slot_ctx cells
     slot_ctx: int = 0  # cells per slot: n_ctx = n_slots * slot_ctx (0 when built by hand: n_ctx / n_slots)
+    draft: DraftTerms | None = None  # a draft model's terms (runtime/draft.py), counted in the total
 
     def __post_init__(self) -> None:
         if not self.slot_ctx:
@@ -191,7 +229,7 @@ class MemoryPlan:
     @property
     def total_bytes(self) -> int:
         return (self.weights_bytes + self.kv_bytes + self.compute_bytes + self.prefix_cache_bytes + self.runtime_bytes
-                + self.vocab_bytes)
+                + self.vocab_bytes + (self.draft.total_bytes if self.draft else 0))
 
     @property
     def reserve_bytes(self) -> int:
@@ -204,6 +242,8 @@ class MemoryPlan:
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["kv_type"] = self.kv_type.value
+        if self.draft is not None:
+            data["draft"] = {**data["draft"], "kv_type": self.draft.kv_type.value, "total_bytes": self.draft.total_bytes}
         data["total_bytes"] = self.total_bytes
         data["reserve_bytes"] = self.reserve_bytes
         data["fits"] = self.fits
@@ -218,6 +258,7 @@ class MemoryPlan:
             ("prefix cache (bound)", self.prefix_cache_bytes),
             ("runtime (python + libs)", self.runtime_bytes),
             ("vocabulary tables", self.vocab_bytes),
+            *self._draft_rows(),
             ("total", self.total_bytes),
             ("reserve (5% of budget)", self.reserve_bytes),
             ("budget", self.budget_bytes),
@@ -227,6 +268,8 @@ class MemoryPlan:
         if self.n_slots > 1:
             lines.append(f"  slots: {self.n_slots} sequences decoded together, each {self.slot_ctx} tokens of context"
                          f" ({fmt_bytes(self.kv_bytes // self.n_slots)} of KV cache each)")
+        if self.draft is not None:
+            lines.append(f"  draft model: {self.draft.model} (speculative decoding, a context of its own)")
         if self.swa:
             per = " per slot" if self.n_slots > 1 else ""
             lines.append(f"  sliding window: {self.swa['layers']} layers x {self.swa['cells']} cells{per} (window {self.swa['window']})")
@@ -234,6 +277,17 @@ class MemoryPlan:
         lines.append(f"  fits: {'yes' if self.fits else 'no'} (headroom {fmt_bytes(headroom)});"
                      f" compute address space reserved: {fmt_bytes(self.compute_reserved_bytes)}")
         return "\n".join(lines)
+
+    def _draft_rows(self) -> list[tuple[str, int]]:
+        d = self.draft
+        if d is None:
+            return []
+        return [
+            ("draft weights (mmap)", d.weights_bytes),
+            (f"draft KV cache ({d.kv_type.value}, {d.n_ctx} ctx)", d.kv_bytes),
+            (f"draft compute ({d.n_ubatch}-token micro-batch)", d.compute_bytes),
+            ("draft vocabulary tables", d.vocab_bytes),
+        ]
 
     def _ctx_text(self) -> str:
         return f"{self.n_ctx} ctx" if self.n_slots == 1 else f"{self.n_slots} x {self.slot_ctx} ctx"
@@ -251,10 +305,17 @@ def default_budget() -> int:
     return detect("/").memory_budget_bytes
 
 
+@dataclass(frozen=True)
+class _Draft:
+    shape: LLMShape
+    name: str
+    weights: int
+
+
 def _build(shape: LLMShape, name: str, weights: int, budget: int, n_ctx: int, kv: KVType, ub: int, prefix: int,
-           slots: int = 1) -> MemoryPlan:
+           slots: int = 1, draft: _Draft | None = None) -> MemoryPlan:
     """The plan for ``slots`` sequences of ``n_ctx`` cells each (llama.cpp, kv_unified off: one KV stream per
-    sequence, each of n_ctx cells, each with its own sliding-window cells)."""
+    sequence, each of n_ctx cells, each with its own sliding-window cells), with ``draft``'s context beside."""
     n_ctx = _pad(n_ctx, CTX_PAD)
     swa_cells = shape.swa_cells(n_ctx, ub)
     full = shape.kv_cell_bytes(kv, swa=False)
@@ -278,6 +339,7 @@ def _build(shape: LLMShape, name: str, weights: int, budget: int, n_ctx: int, kv
         swa={"layers": sum(shape.swa_layers), "window": shape.swa_window, "cells": swa_cells} if shape.swa_window else {},
         n_slots=slots,
         slot_ctx=n_ctx,
+        draft=DraftTerms.build(draft.shape, draft.name, draft.weights, n_ctx, kv, ub) if draft else None,
     )
 
 
@@ -291,14 +353,20 @@ def plan_llm(
     n_ubatch: int | None = None,
     prefix_cache_bytes: int | None = None,
     slots: int = 1,
+    draft: GGUFInfo | None = None,
+    draft_name: str = "",
 ) -> MemoryPlan:
     """The plan for running ``info`` within ``budget`` bytes; DoesNotFit if none exists.
 
     ``slots`` sequences decoded together (runtime/engine.py) each get ``ctx`` cells of their own (``ctx`` is per
-    slot); without ``ctx`` the context one sequence would get is split between them (at least MIN_CTX each)."""
+    slot); without ``ctx`` the context one sequence would get is split between them (at least MIN_CTX each).
+    ``draft``: a draft model for speculative decoding (runtime/draft.py), planned beside the target with the same
+    context, KV type and micro-batch; its vocabulary must be the target's (BadInput otherwise)."""
     shape = LLMShape.from_gguf(info)
     name = name or str(info.path)
     prefix = default_prefix_cache_bytes(budget) if prefix_cache_bytes is None else prefix_cache_bytes
+    extra = _draft_of(draft, draft_name, info, name, shape, ctx, slots)
+    train = min([t for t in (shape.n_ctx_train, extra.shape.n_ctx_train if extra else 0) if t], default=0)
     if ctx is not None:
         if ctx < MIN_CTX:
             raise BadInput(f"--ctx {ctx} is too small (at least {MIN_CTX})")
@@ -312,46 +380,88 @@ def plan_llm(
         raise BadInput(f"--ubatch {n_ubatch} is smaller than --slots {slots}: one step decodes a token of every slot")
     weights = info.tensor_bytes
     floor = weights + RUNTIME_OVERHEAD + shape.n_vocab * VOCAB_ENTRY_BYTES
+    with_draft = ""
+    if extra is not None:
+        floor += extra.weights + extra.shape.n_vocab * VOCAB_ENTRY_BYTES
+        with_draft = f" with the draft model {extra.name} ({fmt_bytes(extra.weights)} of weights)"
     if floor > budget * (1 - RESERVE_FRACTION):
         raise DoesNotFit(
-            f"{name}: the weights alone need {fmt_bytes(weights)} (+{fmt_bytes(floor - weights)} runtime) but the budget is"
-            f" {fmt_bytes(budget)} less a {RESERVE_FRACTION:.0%} reserve: {fmt_bytes(floor - budget * (1 - RESERVE_FRACTION))} over;"
-            f" give --memory of at least {fmt_bytes(floor * 1.3)}"
+            f"{name}: the weights alone need {fmt_bytes(weights)}{with_draft} (+{fmt_bytes(floor - weights)} runtime"
+            f"{' and draft' if extra else ''}) but the budget is {fmt_bytes(budget)} less a {RESERVE_FRACTION:.0%} reserve:"
+            f" {fmt_bytes(floor - budget * (1 - RESERVE_FRACTION))} over; give --memory of at least {fmt_bytes(floor * 1.3)}"
+            + (" or leave out --draft" if extra else "")
         )
-    desired = ctx or min(shape.n_ctx_train or DEFAULT_MAX_CTX, DEFAULT_MAX_CTX)
+
+    def build(n_ctx: int, kv: KVType, ub: int) -> MemoryPlan:
+        return _build(shape, name, weights, budget, n_ctx, kv, ub, prefix, slots, extra)
+
+    desired = ctx or min(train or DEFAULT_MAX_CTX, DEFAULT_MAX_CTX)
     if ctx is None and slots > 1:
         desired = max(MIN_CTX, desired // slots // CTX_PAD * CTX_PAD)
     kvs = [kv_type] if kv_type else [KVType.F16, KVType.Q8_0]
     ubs = [n_ubatch] if n_ubatch else [ub for ub in UBATCH_CHOICES if ub >= slots]
     for ub in ubs:
         for kv in kvs:
-            plan = _build(shape, name, weights, budget, desired, kv, ub, prefix, slots)
+            plan = build(desired, kv, ub)
             if plan.fits:
                 return plan
     # The desired context does not fit in any configuration: find the largest one that does.
-    smallest = _build(shape, name, weights, budget, MIN_CTX, kvs[-1], ubs[-1], prefix, slots)
+    smallest = build(MIN_CTX, kvs[-1], ubs[-1])
     if not smallest.fits or ctx is not None:
-        best = _largest_ctx(shape, name, weights, budget, kvs[-1], ubs[-1], prefix, desired, slots)
+        best = _largest_ctx(build, kvs[-1], ubs[-1], desired)
         hint = f"the largest context that fits is {best}" if best else f"even {MIN_CTX} tokens do not fit"
+        if extra is not None:
+            hint += " (leave out --draft to give the target the draft's memory)"
         what = f"{desired} tokens of context" if slots == 1 else f"{slots} slots of {desired} tokens of context"
-        need = _build(shape, name, weights, budget, desired, kvs[-1], ubs[-1], prefix, slots).total_bytes
+        need_plan = build(desired, kvs[-1], ubs[-1])
+        need = need_plan.total_bytes
+        if need_plan.draft is not None:
+            with_draft = f" with the draft model {extra.name} ({fmt_bytes(need_plan.draft.total_bytes)} of them)"
         raise DoesNotFit(
-            f"{name}: {what} need {fmt_bytes(need)} but the budget is {fmt_bytes(budget)}"
+            f"{name}: {what} need {fmt_bytes(need)}{with_draft} but the budget is {fmt_bytes(budget)}"
             f" less a {RESERVE_FRACTION:.0%} reserve ({fmt_bytes(need - budget * (1 - RESERVE_FRACTION))} over); {hint}"
         )
-    best = _largest_ctx(shape, name, weights, budget, kvs[-1], ubs[0], prefix, desired, slots)
+    best = _largest_ctx(build, kvs[-1], ubs[0], desired)
     ub = ubs[0]
     if not best:
         ub = ubs[-1]
-        best = _largest_ctx(shape, name, weights, budget, kvs[-1], ub, prefix, desired, slots)
-    return _build(shape, name, weights, budget, best, kvs[-1], ub, prefix, slots)
+        best = _largest_ctx(build, kvs[-1], ub, desired)
+    return build(best, kvs[-1], ub)
 
 
-def _largest_ctx(shape: LLMShape, name: str, weights: int, budget: int, kv: KVType, ub: int, prefix: int, limit: int,
-                 slots: int = 1) -> int:
+def check_header_vocab(target: GGUFInfo, draft: GGUFInfo, target_name: str, draft_name: str) -> None:
+    """BadInput unless the two GGUF headers describe the same vocabulary (size, tokenizer, special token ids): the
+    first check of a draft model, before anything is allocated (runtime/draft.py compares llama.cpp's own vocabularies)."""
+    if draft.n_vocab != target.n_vocab:
+        raise BadInput(f"draft model {draft_name} has a vocabulary of {draft.n_vocab} tokens but the target {target_name}"
+                       f" has {target.n_vocab}: {DRAFT_VOCAB_HOW}")
+    for key in TOKENIZER_KEYS:
+        a, b = target.metadata.get(key), draft.metadata.get(key)
+        if a != b:
+            raise BadInput(f"draft model {draft_name} has {key} = {b!r:.40} but the target {target_name} has {a!r:.40}: {DRAFT_VOCAB_HOW}")
+
+
+def _draft_of(draft: GGUFInfo | None, draft_name: str, info: GGUFInfo, name: str, shape: LLMShape, ctx: int | None,
+              slots: int) -> _Draft | None:
+    """The draft model's numbers, checked against the target's: the same vocabulary, one sequence, its context."""
+    if draft is None:
+        return None
+    draft_name = draft_name or str(draft.path)
+    if slots != 1:
+        raise BadInput(f"--draft {draft_name} drafts for one sequence (edgerun run, chat); with --slots {slots} each slot"
+                       " drafts from its own context (prompt lookup): leave out --draft or use --slots 1")
+    check_header_vocab(info, draft, name, draft_name)
+    dshape = LLMShape.from_gguf(draft)
+    if ctx is not None and dshape.n_ctx_train and ctx > dshape.n_ctx_train:
+        raise BadInput(f"--ctx {ctx} exceeds the draft model {draft_name}'s training context {dshape.n_ctx_train}:"
+                       f" use --ctx {dshape.n_ctx_train} or less, or another draft")
+    return _Draft(dshape, draft_name, draft.tensor_bytes)
+
+
+def _largest_ctx(build: Callable[[int, KVType, int], MemoryPlan], kv: KVType, ub: int, limit: int) -> int:
     best = 0
     for n in range(MIN_CTX, limit + 1, CTX_PAD):
-        if _build(shape, name, weights, budget, n, kv, ub, prefix, slots).fits:
+        if build(n, kv, ub).fits:
             best = n
         else:
             break

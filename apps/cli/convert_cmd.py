@@ -1,4 +1,4 @@
-"""``edgerun convert KIND ...``: KIND is llm, vision or audio; each imports only its own converter.
+"""``edgerun convert KIND ...``: KIND is llm, vision, audio or draft; each imports only its own converter.
 
 Every kind is always a choice. A converter whose module cannot be imported (an optional package missing)
 still gets its subcommand, which takes any arguments and exits 4 with the pip line that installs it,
@@ -12,13 +12,14 @@ import importlib
 
 from runtime.errors import BadInput, MissingDependency
 
-HELP = "convert a trained model into a quantized, measured bundle (convert llm|vision|audio --help)"
+HELP = "convert a trained model into a quantized, measured bundle (convert llm|vision|audio|draft --help)"
 KINDS = {
     "llm": "apps.cli.convert_llm",
     "vision": "apps.cli.convert_vision",
     "audio": "apps.cli.convert_audio",
+    "draft": "apps.cli.convert_draft",
 }
-EXTRAS = {"llm": "convert", "vision": "convert-vision", "audio": "convert-vision,audio"}  # pyproject's extras
+EXTRAS = {"llm": "convert", "vision": "convert-vision", "audio": "convert-vision,audio", "draft": "convert"}  # pyproject's extras
 OWN_PACKAGES = {"apps", "converters", "runtime", "devices"}
 
 

@@ -1,0 +1,172 @@
+"""A draft model for speculative decoding: a second, cheaper model that proposes the target's next tokens.
+
+The draft is the target at a lower quantization (self-speculation: the q4_0 of a q8_0 target, made with
+``edgerun convert draft``) or a smaller member of its family. It must share the target's vocabulary, token for
+token: a draft token id is verified as the target's token of the same id. That is checked before anything is
+allocated, twice: the GGUF headers (:func:`check_header_vocab`: vocabulary size, tokenizer, special ids), then
+llama.cpp's own vocabularies loaded alone (:func:`check_vocab`: the text of every special token and of an even
+sample of the rest). A mismatch is one BadInput line naming both models.
+
+:class:`DraftModel` runs the draft in a llama.cpp context of its own (the target's context size, KV type and
+micro-batch, the placement's threads: the two never run at once) and drafts greedily: a point mass per position,
+so the target's sample-and-compare verification (runtime/speculative.py) is exact. Its KV cache follows the
+target's tokens lazily: each :meth:`DraftModel.draft` keeps the longest common prefix with the context it is given
+(dropping its rejected drafts), decodes what the target accepted since, then proposes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterator, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from runtime.errors import BackendError, BadInput
+from runtime.kv import KVSequence
+from runtime.plan import DRAFT_VOCAB_HOW as HOW  # one wording for both checks (the header one is the planner's)
+from runtime.plan import DraftTerms, MemoryPlan
+from runtime.prefix_cache import PrefixCache
+from runtime.sampling import SamplingParams
+
+log = logging.getLogger(__name__)
+VOCAB_SAMPLE = 1024  # ordinary tokens whose text is compared, evenly spread over the vocabulary (specials: all)
+@contextlib.contextmanager
+def vocab_only(path: Path) -> Iterator[Any]:
+    """llama.cpp's vocabulary of the GGUF at ``path``, loaded without its tensors (a ``llama_vocab`` pointer)."""
+    from runtime.backends.llamacpp import llama_cpp  # imported the one way the backend imports it
+
+    params = llama_cpp.llama_model_default_params()
+    params.vocab_only = True
+    # llama-cpp-python prints llama.cpp's log to stderr at its logger's level: ERROR, as Llama(verbose=False) sets it
+    native = logging.getLogger("llama-cpp-python")
+    level = native.level
+    native.setLevel(max(level, logging.ERROR))
+    try:
+        model = llama_cpp.llama_model_load_from_file(str(path).encode(), params)
+    finally:
+        native.setLevel(level)
+    if not model:
+        raise BackendError(f"llama.cpp could not read the vocabulary of {path}")
+    try:
+        yield llama_cpp.llama_model_get_vocab(model)
+    finally:
+        llama_cpp.llama_model_free(model)
+
+
+def check_vocab(target: Any, draft: Any, target_name: str, draft_name: str) -> None:
+    """BadInput unless llama.cpp's vocabularies ``target`` and ``draft`` (``llama_vocab`` pointers) agree: the size,
+    the special ids, the text and attributes of every special token and the text of an even sample of the others."""
+    from runtime.backends.llamacpp import llama_cpp
+
+    n = llama_cpp.llama_vocab_n_tokens(target)
+    n_draft = llama_cpp.llama_vocab_n_tokens(draft)
+    if n != n_draft:
+        raise BadInput(f"draft model {draft_name} has a vocabulary of {n_draft} tokens but the target {target_name}"
+                       f" has {n}: {HOW}")
+    for which in ("bos", "eos", "eot", "sep", "nl", "pad"):
+        get = getattr(llama_cpp, f"llama_vocab_{which}")
+        if get(target) != get(draft):
+            raise BadInput(f"draft model {draft_name}'s {which} token is {get(draft)} but the target {target_name}'s is"
+                           f" {get(target)}: {HOW}")
+    attr, text = llama_cpp.llama_vocab_get_attr, llama_cpp.llama_vocab_get_text
+    step = max(1, n // VOCAB_SAMPLE)
+    normal = llama_cpp.LLAMA_TOKEN_ATTR_NORMAL
+    for token in range(n):
+        flags = attr(target, token)
+        if token % step and token != n - 1 and flags == normal:
+            continue
+        if flags != attr(draft, token) or text(target, token) != text(draft, token):
+            raise BadInput(f"draft model {draft_name}'s token {token} is {text(draft, token)!r:.40} but the target"
+                           f" {target_name}'s is {text(target, token)!r:.40}: {HOW}")
+
+
+def check_same_vocab(target: Path, draft: Path, target_name: str, draft_name: str) -> None:
+    """:func:`check_vocab` on the two GGUF files, each vocabulary loaded alone (no weights, no context)."""
+    with vocab_only(target) as tv, vocab_only(draft) as dv:
+        check_vocab(tv, dv, target_name, draft_name)
+
+
+def draft_plan(plan: MemoryPlan) -> MemoryPlan:
+    """The plan the draft's own llama.cpp context is opened with: ``plan.draft``'s terms, the target's budget."""
+    d: DraftTerms | None = plan.draft
+    if d is None:
+        raise ValueError("the plan has no draft model")  # a bug, not input
+    return replace(plan, model=d.model, weights_bytes=d.weights_bytes, kv_bytes=d.kv_bytes, kv_swa_bytes=0,
+                   compute_bytes=d.compute_bytes, compute_reserved_bytes=d.compute_reserved_bytes, prefix_cache_bytes=0,
+                   runtime_bytes=0, vocab_bytes=d.vocab_bytes, n_ctx=d.n_ctx, kv_type=d.kv_type, n_ubatch=d.n_ubatch,
+                   n_batch=d.n_ubatch, n_slots=1, slot_ctx=d.n_ctx, draft=None)
+
+
+class DraftModel:
+    """A :class:`~runtime.speculative.Drafter` backed by a second model: greedy drafts, its KV cache in step with
+    the target's tokens. Owns its backend: close it (or use ``with``)."""
+
+    name = "draft-model"
+
+    def __init__(self, backend: Any, ref: str) -> None:
+        """Takes ownership of ``backend`` (an LLMBackend on the draft GGUF); closed here if setup fails."""
+        self.backend = backend
+        self.ref = ref
+        try:
+            self.kv = KVSequence(backend, PrefixCache(0))
+            # temperature 0: llama.cpp's greedy sampler (argmax); repeat penalty 1: its penalties stage does nothing
+            self._greedy = backend.new_sampler(SamplingParams(temperature=0.0, repeat_penalty=1.0, seed=0))
+        except BaseException:
+            backend.close()
+            raise
+        self.drafted = 0
+        self.accepted_tokens = 0
+
+    @classmethod
+    def open(cls, path: Path, plan: MemoryPlan, placement: Any) -> DraftModel:
+        """The draft GGUF at ``path`` in a context sized by ``plan.draft`` (see :func:`draft_plan`) on ``placement``."""
+        from runtime.backends.llamacpp import LlamaCppBackend
+
+        dplan = draft_plan(plan)
+        return cls(LlamaCppBackend(path, dplan, placement), dplan.model)
+
+    @property
+    def n_ctx(self) -> int:
+        return self.kv.n_ctx
+
+    def draft(self, context: Sequence[int], n: int) -> list[int]:
+        """Up to ``n`` greedy tokens that follow ``context`` (every token so far, the last one not yet verified).
+
+        Fewer when the draft proposes an end of generation (it is the last) or its context has no room left."""
+        n = min(n, self.kv.n_ctx - len(context) + 1)  # context + n - 1 drafts are decoded
+        if n <= 0 or not context:
+            return []
+        reuse = self.kv.prepare(context)
+        self.kv.append(context[reuse.tokens :])
+        out: list[int] = []
+        while True:
+            token = self.backend.sample(self._greedy)
+            out.append(token)
+            if len(out) >= n or self.backend.is_eog(token):
+                break
+            self.kv.append([token])
+        self.drafted += len(out)
+        return out
+
+    def accepted(self, context: Sequence[int], n_drafted: int, n_accepted: int) -> None:
+        """Nothing to do now: the next :meth:`draft` drops the rejected cells and decodes what the target emitted."""
+        self.accepted_tokens += n_accepted
+
+    def close(self) -> None:
+        self.backend.close()
+
+    def __enter__(self) -> DraftModel:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def open_draft(draft: Path, target: Path, plan: MemoryPlan, placement: Any, target_name: str) -> DraftModel:
+    """Check that ``draft`` shares ``target``'s vocabulary (llama.cpp's own), then open it as ``plan.draft`` says."""
+    assert plan.draft is not None
+    check_same_vocab(target, draft, target_name, plan.draft.model)
+    log.info("draft model %s: %s of weights, a %d-token context", plan.draft.model, plan.draft.weights_bytes, plan.draft.n_ctx)
+    return DraftModel.open(draft, plan, placement)
