@@ -21,7 +21,7 @@ import logging
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from runtime.errors import BackendError, BadInput
 from runtime.kv import KVSequence
@@ -29,6 +29,9 @@ from runtime.plan import DRAFT_VOCAB_HOW as HOW  # one wording for both checks (
 from runtime.plan import DraftTerms, MemoryPlan
 from runtime.prefix_cache import PrefixCache
 from runtime.sampling import SamplingParams
+
+if TYPE_CHECKING:
+    from runtime.resolve import ResolvedModel
 
 log = logging.getLogger(__name__)
 VOCAB_SAMPLE = 1024  # ordinary tokens whose text is compared, evenly spread over the vocabulary (specials: all)
@@ -39,10 +42,11 @@ def vocab_only(path: Path) -> Iterator[Any]:
 
     params = llama_cpp.llama_model_default_params()
     params.vocab_only = True
-    # llama-cpp-python prints llama.cpp's log to stderr at its logger's level: ERROR, as Llama(verbose=False) sets it
+    # llama-cpp-python prints llama.cpp's log to stderr from its logger's level up; its level map is older than this
+    # llama.cpp's (a WARN arrives as ERROR), so nothing is printed while the vocabulary loads: a failure raises below
     native = logging.getLogger("llama-cpp-python")
     level = native.level
-    native.setLevel(max(level, logging.ERROR))
+    native.setLevel(logging.CRITICAL + 1)
     try:
         model = llama_cpp.llama_model_load_from_file(str(path).encode(), params)
     finally:
@@ -65,11 +69,6 @@ def check_vocab(target: Any, draft: Any, target_name: str, draft_name: str) -> N
     if n != n_draft:
         raise BadInput(f"draft model {draft_name} has a vocabulary of {n_draft} tokens but the target {target_name}"
                        f" has {n}: {HOW}")
-    for which in ("bos", "eos", "eot", "sep", "nl", "pad"):
-        get = getattr(llama_cpp, f"llama_vocab_{which}")
-        if get(target) != get(draft):
-            raise BadInput(f"draft model {draft_name}'s {which} token is {get(draft)} but the target {target_name}'s is"
-                           f" {get(target)}: {HOW}")
     attr, text = llama_cpp.llama_vocab_get_attr, llama_cpp.llama_vocab_get_text
     step = max(1, n // VOCAB_SAMPLE)
     normal = llama_cpp.LLAMA_TOKEN_ATTR_NORMAL
@@ -78,14 +77,33 @@ def check_vocab(target: Any, draft: Any, target_name: str, draft_name: str) -> N
         if token % step and token != n - 1 and flags == normal:
             continue
         if flags != attr(draft, token) or text(target, token) != text(draft, token):
-            raise BadInput(f"draft model {draft_name}'s token {token} is {text(draft, token)!r:.40} but the target"
-                           f" {target_name}'s is {text(target, token)!r:.40}: {HOW}")
+            mine, theirs = (text(v, token).decode("utf-8", "replace") for v in (draft, target))
+            raise BadInput(f"draft model {draft_name}'s token {token} is {mine!r:.40} but the target {target_name}'s is"
+                           f" {theirs!r:.40}: {HOW}")
+    for which in ("bos", "eos", "eot", "sep", "nl", "pad"):
+        get = getattr(llama_cpp, f"llama_vocab_{which}")
+        if get(target) != get(draft):
+            raise BadInput(f"draft model {draft_name}'s {which} token is {get(draft)} but the target {target_name}'s is"
+                           f" {get(target)}: {HOW}")
 
 
 def check_same_vocab(target: Path, draft: Path, target_name: str, draft_name: str) -> None:
     """:func:`check_vocab` on the two GGUF files, each vocabulary loaded alone (no weights, no context)."""
     with vocab_only(target) as tv, vocab_only(draft) as dv:
         check_vocab(tv, dv, target_name, draft_name)
+
+
+def resolve_draft(draft: str | ResolvedModel) -> ResolvedModel:
+    """The draft model, resolved as any model is (bundle, .gguf, name); it must be a llama.cpp LLM too."""
+    from devices.backends import BackendName
+    from runtime.bundle import ModelKind
+    from runtime.resolve import resolve
+
+    found = resolve(draft) if isinstance(draft, str) else draft
+    if found.manifest.kind != ModelKind.LLM or found.manifest.backend != BackendName.LLAMACPP:
+        raise BadInput(f"--draft {found.manifest.ref} is a {found.manifest.kind.value} model for"
+                       f" {found.manifest.backend.value}; a draft model is a GGUF language model sharing the target's vocabulary")
+    return found
 
 
 def draft_plan(plan: MemoryPlan) -> MemoryPlan:
@@ -104,6 +122,7 @@ class DraftModel:
     the target's tokens. Owns its backend: close it (or use ``with``)."""
 
     name = "draft-model"
+    cheap = False  # a model runs per draft: asked only when the controller plans a draft
 
     def __init__(self, backend: Any, ref: str) -> None:
         """Takes ownership of ``backend`` (an LLMBackend on the draft GGUF); closed here if setup fails."""
@@ -163,10 +182,3 @@ class DraftModel:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-
-def open_draft(draft: Path, target: Path, plan: MemoryPlan, placement: Any, target_name: str) -> DraftModel:
-    """Check that ``draft`` shares ``target``'s vocabulary (llama.cpp's own), then open it as ``plan.draft`` says."""
-    assert plan.draft is not None
-    check_same_vocab(target, draft, target_name, plan.draft.model)
-    log.info("draft model %s: %s of weights, a %d-token context", plan.draft.model, plan.draft.weights_bytes, plan.draft.n_ctx)
-    return DraftModel.open(draft, plan, placement)

@@ -68,7 +68,11 @@ def open_llm(
     if manifest.kind != ModelKind.LLM or manifest.backend != BackendName.LLAMACPP:
         raise BadInput(f"{manifest.ref} is a {manifest.kind.value} model for {manifest.backend.value}; "
                        "this command runs GGUF language models")
-    draft_model = _draft_model(draft)
+    draft_model = None
+    if draft is not None:
+        from runtime.draft import resolve_draft
+
+        draft_model = resolve_draft(draft)
     with contextlib.ExitStack() as undo:
         # The header check, the plan and llama.cpp all read the one file that was verified (runtime.checked_open).
         with contextlib.ExitStack() as files:
@@ -112,13 +116,3 @@ def open_llm(
         log.info("draft model %s for speculative decoding, %d tokens of context", opened_draft.ref, opened_draft.n_ctx)
     return OpenedLLM(model, plan, opened, placement, opened_draft)
 
-
-def _draft_model(draft: str | ResolvedModel | None) -> ResolvedModel | None:
-    """The draft model resolved as any model is (bundle, .gguf, name); it must be a llama.cpp LLM too."""
-    if draft is None:
-        return None
-    found = resolve(draft) if isinstance(draft, str) else draft
-    if found.manifest.kind != ModelKind.LLM or found.manifest.backend != BackendName.LLAMACPP:
-        raise BadInput(f"--draft {found.manifest.ref} is a {found.manifest.kind.value} model for"
-                       f" {found.manifest.backend.value}; a draft model is a GGUF language model sharing the target's vocabulary")
-    return found

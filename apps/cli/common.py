@@ -36,6 +36,10 @@ def add_llm_plan_arguments(parser: argparse.ArgumentParser, ctx_default: str = "
     parser.add_argument("--kv-type", choices=[k.value for k in KVType], help="LLM: KV cache type (default: f16 if it fits, else q8_0)")
     parser.add_argument("--prefix-cache", type=size(minimum=0), metavar="SIZE",
                         help="LLM: bytes of saved prompt prefixes, 0 for none (default: 1/16 of the budget, at most 64M)")
+    parser.add_argument("--draft", metavar="MODEL",
+                        help="LLM: a draft model for speculative decoding instead of prompt lookup: the same model at a"
+                             " lower quantization (edgerun convert draft MODEL --out DRAFT.gguf) or a smaller one with"
+                             " its vocabulary; planned beside it")
 
 
 def add_sampling_arguments(parser: argparse.ArgumentParser) -> None:
@@ -80,6 +84,7 @@ def load(args: argparse.Namespace, model: Any = None):
         target=args.target,
         require_accelerator=args.require_accelerator,
         prefix_cache_bytes=args.prefix_cache,
+        draft=args.draft,
     )
 
 

@@ -7,6 +7,7 @@ import argparse
 from apps.cli.common import add_llm_plan_arguments, print_json, refuse_flags
 from apps.cli.flags import MAX_BATCH, integer, size
 from runtime.bundle import ModelKind
+from runtime.draft import resolve_draft
 from runtime.gguf_file import read_gguf
 from runtime.plan import MAX_SLOTS, KVType, default_budget, plan_llm
 from runtime.resolve import resolve
@@ -33,7 +34,8 @@ def main(args: argparse.Namespace) -> int:
     if kind is ModelKind.LLM:
         refuse_flags(args, ("batch",), model, "an LLM decodes --slots sequences together; --batch is for vision bundles")
     else:
-        refuse_flags(args, ("ctx", "kv_type", "prefix_cache", "slots"), model, "context, KV cache, prefix cache and slots are an LLM's")
+        refuse_flags(args, ("ctx", "kv_type", "prefix_cache", "slots", "draft"), model,
+                     "context, KV cache, prefix cache, slots and draft models are an LLM's")
     if kind is ModelKind.AUDIO:
         refuse_flags(args, ("batch",), model, "an audio bundle is planned per segment of its input, not per batch")
     if kind is not ModelKind.LLM:  # classifiers: weights (+ front-end models) + arena + runtime
@@ -53,6 +55,7 @@ def main(args: argparse.Namespace) -> int:
 
             plan = plan_classifier(model.manifest, model_bytes, budget, batch=SEGMENT_WINDOWS, input_bytes=segment_bytes(spec))
     else:
+        draft = resolve_draft(args.draft) if args.draft else None
         plan = plan_llm(
             read_gguf(model.path()),
             budget,
@@ -61,6 +64,8 @@ def main(args: argparse.Namespace) -> int:
             kv_type=KVType(args.kv_type) if args.kv_type else None,
             prefix_cache_bytes=args.prefix_cache,
             slots=args.slots or 1,
+            draft=read_gguf(draft.path()) if draft else None,
+            draft_name=draft.manifest.ref if draft else "",
         )
     if args.json:
         print_json(plan.to_dict())
