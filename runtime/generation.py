@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from runtime.metrics import peak_rss_bytes
 from runtime.sampling import SEED_MAX, SamplingParams
+from runtime.speculative import SpecStats, Speculator, verify
 
 if TYPE_CHECKING:
     from runtime.llm import LLM
@@ -51,6 +52,9 @@ class Result:
     peak_rss_bytes: int
     truncations: list[Truncation] = field(default_factory=list)
     prefix_cache: dict[str, int] = field(default_factory=dict)
+    # speculative decoding in this generation: drafter, enabled, on (the controller's state at the end), steps
+    # (verify batches), drafted, accepted, acceptance (accepted / drafted), mean_draft (drafted / steps)
+    speculation: dict[str, Any] = field(default_factory=dict)
 
     @property
     def truncated(self) -> bool:
@@ -65,12 +69,16 @@ class Result:
 class Generation:
     """A generation in progress: iterate for text pieces, then read :attr:`result`."""
 
-    def __init__(self, llm: LLM, prompt: list[int], params: SamplingParams, n_keep: int, truncations: list[Truncation]):
+    def __init__(self, llm: LLM, prompt: list[int], params: SamplingParams, n_keep: int, truncations: list[Truncation],
+                 speculator: Speculator | None = None):
+        """``speculator``: draft and verify with it (None: plain decoding, one token per step)."""
         self.llm = llm
         self.params = params
         self.prompt = prompt
         self.n_keep = n_keep
         self.truncations = list(truncations)
+        self.speculator = speculator
+        self.spec = SpecStats(drafter=speculator.drafter.name if speculator else "", enabled=speculator is not None)
         self.result: Result | None = None
         self._iter = self._run()
 
@@ -114,8 +122,9 @@ class Generation:
         hold = max((len(s) for s in stops), default=1) - 1
         text, emitted, out, reason = "", 0, 0, "length"
         t_first = t_prefill = 0.0  # perf_counter() when the first token was sampled
+        sampled = self._sampled(sampler, params.max_tokens)
         while out < params.max_tokens:
-            token = backend.sample(sampler)
+            token = next(sampled)
             if not t_first:
                 t_first = t_prefill = time.perf_counter()
             if backend.is_eog(token):
@@ -133,11 +142,7 @@ class Generation:
                 emitted = safe
             if out >= params.max_tokens:
                 break
-            if len(kv.tokens) >= kv.n_ctx:
-                dropped = kv.shift(self.n_keep, (len(kv.tokens) - self.n_keep) // 2)
-                self.truncations.append(Truncation("shift", dropped, out))
-                log.info("context shift: dropped %d tokens after the first %d", dropped, self.n_keep)
-            kv.append([token])
+        sampled.close()  # drops the cells of draft tokens that were never verified
         text += decoder.decode(b"", final=True)
         if reason != "stop":
             cut = _find_stop(text, stops, emitted)
@@ -167,7 +172,82 @@ class Generation:
             peak_rss_bytes=peak_rss_bytes(),
             truncations=self.truncations,
             prefix_cache=llm.prefix_cache.stats(),
+            speculation=self.spec.to_dict(),
         )
+
+    def _shift_if_full(self, out: int) -> None:
+        kv = self.llm.kv
+        if len(kv.tokens) >= kv.n_ctx:
+            dropped = kv.shift(self.n_keep, (len(kv.tokens) - self.n_keep) // 2)
+            self.truncations.append(Truncation("shift", dropped, out))
+            log.info("context shift: dropped %d tokens after the first %d", dropped, self.n_keep)
+
+    def _sampled(self, sampler: Any, max_tokens: int) -> Iterator[int]:
+        """The generated tokens, one at a time, each sampled once with ``sampler``, in order. A token goes into the
+        KV cache when the next one is asked for, as in plain decoding: ask only to keep going, then close.
+
+        With a speculator, a token goes into the cache together with a draft of the tokens after it, in one
+        batch, and the next tokens are sampled at the drafted positions (runtime/speculative.py, verify): accepted
+        draft tokens are in the cache already; the cells of rejected ones are removed before the target's own
+        token is handed out. The caller sees what plain decoding gives (greedy: token-identical)."""
+        backend, kv, spec = self.llm.backend, self.llm.kv, self.speculator
+        ctl = spec.controller if spec is not None else None
+        if ctl is not None:
+            ctl.shadow(None)  # a draft from another request's text says nothing about this one
+        token = backend.sample(sampler)
+        out = 0
+        step: tuple[int, int, float] | None = None  # the last step: drafted, accepted, perf_counter() at its start
+        confirmed = len(kv.tokens)  # cells holding emitted tokens; any after them hold draft tokens not yet verified
+        verifying: tuple[int, int] | None = None  # a verify step in progress: drafted, accepted so far
+        try:
+            while True:
+                out += 1
+                yield token
+                now = time.perf_counter()
+                if ctl is not None and step is not None:
+                    ctl.observe(step[0], step[1], now - step[2])
+                self._shift_if_full(out)
+                draft: list[int] = []
+                if spec is not None and ctl is not None:
+                    k = ctl.plan(min(kv.n_ctx - len(kv.tokens) - 1, max_tokens - out - 1))
+                    if k:
+                        draft = spec.drafter.draft([*kv.tokens, token], k)
+                    elif ctl.wants_shadow() and spec.drafter.cheap:
+                        ctl.shadow(spec.drafter.draft([*kv.tokens, token], ctl.k_max))
+                if not draft:
+                    kv.append([token])
+                    confirmed = len(kv.tokens)
+                    token = backend.sample(sampler)
+                    step = (0, 0, now)
+                    if ctl is not None:
+                        ctl.follow(token)
+                    continue
+                assert spec is not None and ctl is not None
+                context_len = len(kv.tokens) + 1
+                kv.append_draft([token, *draft])
+                confirmed = context_len
+                verifying = (len(draft), 0)
+                for token, in_cache in verify(lambda i: backend.sample(sampler, i), draft):
+                    if not in_cache:
+                        if not kv.truncate(confirmed):  # the rejected tokens' cells (none if all were accepted)
+                            ctl.disable("the KV cache cannot drop draft cells in place")
+                        break
+                    confirmed += 1
+                    verifying = (len(draft), verifying[1] + 1)
+                    out += 1
+                    yield token
+                drafted, accepted = verifying
+                verifying = None
+                self.spec.add(drafted, accepted)
+                spec.drafter.accepted(kv.tokens[:context_len], drafted, accepted)
+                step = (drafted, accepted, now)
+        finally:  # the caller is done (EOS, stop, max_tokens) or failed: drop draft cells that were never verified
+            if verifying is not None:
+                self.spec.add(*verifying)
+            if len(kv.tokens) > confirmed and not kv.truncate(confirmed) and ctl is not None:
+                ctl.disable("the KV cache cannot drop draft cells in place")
+            if ctl is not None:
+                self.spec.on = ctl.on
 
 
 def answer_room(max_tokens: int, n_ctx: int) -> int:

@@ -120,6 +120,30 @@ class KVSequence:
         self.backend.decode(tokens, len(self.tokens))
         self.tokens.extend(tokens)
 
+    def append_draft(self, tokens: Sequence[int]) -> None:
+        """Append ``tokens`` (a sampled token and the draft after it) in one batch with the logits of every one
+        kept, for verification; :meth:`truncate` then drops the rejected ones. ``tokens`` lists them meanwhile:
+        it always says what the cells hold."""
+        if len(self.tokens) + len(tokens) > self.n_ctx:
+            raise ValueError("KV cache overflow: a draft must fit the context")  # the decoder's bug, not input
+        self.backend.decode(tokens, len(self.tokens), logits_all=True)
+        self.tokens.extend(tokens)
+
+    def truncate(self, n: int) -> bool:
+        """Keep only the first ``n`` tokens (drop rejected draft cells). True when the cells were removed in place;
+        False when the backend refused (a sliding-window or recurrent cache may refuse to drop a tail) and the
+        first ``n`` were recomputed instead (correct, but the caller should stop drafting)."""
+        if n >= len(self.tokens):
+            return True
+        if self.backend.remove(n, -1):
+            del self.tokens[n:]
+            return True
+        kept = self.tokens[:n]
+        log.warning("the KV cache refused to drop %d draft cells: recomputing %d tokens", len(self.tokens) - n, n)
+        self.clear()
+        self.append(kept)
+        return False
+
     def save_prefix(self) -> None:
         """Remember the current cache contents in the prefix cache."""
         if self.cache.capacity_bytes and len(self.tokens) >= MIN_REUSE:

@@ -28,6 +28,7 @@ from runtime.plan import KVType, MemoryPlan
 from runtime.prefix_cache import PrefixCache
 from runtime.resolve import ResolvedModel
 from runtime.sampling import SamplingParams
+from runtime.speculative import PromptLookup, Speculator
 
 __all__ = ["LLM", "Generation", "Result", "Truncation"]
 
@@ -37,12 +38,21 @@ log = logging.getLogger(__name__)
 class LLM:
     """A loaded language model. Close it (or use ``with``) to free native memory."""
 
-    def __init__(self, model: ResolvedModel, plan: MemoryPlan, backend: LLMBackend, placement: Any) -> None:
-        """Takes ownership of ``backend``: it is closed here if the model cannot be set up."""
+    def __init__(self, model: ResolvedModel, plan: MemoryPlan, backend: LLMBackend, placement: Any, *,
+                 speculate: bool = True) -> None:
+        """Takes ownership of ``backend``: it is closed here if the model cannot be set up.
+
+        ``speculate``: speculative decoding (runtime/speculative.py) where the backend can verify drafts: prompt
+        lookup drafts, verified in one batch, adaptive (off by itself when it does not pay). Assign
+        :attr:`speculator` to draft otherwise (a draft model); None turns it off."""
         self.model = model
         self.plan = plan
         self.backend = backend
         self.placement = placement
+        self.draft: Any = None  # a runtime.draft.DraftModel when loaded with one (LLM.load(draft=...))
+        self.speculator: Speculator | None = (
+            Speculator(PromptLookup()) if speculate and backend.can_speculate else None
+        )
         self._chat_template: ChatTemplate | None = None
         self._chat_tokenizer: ChatTokenizer | None = None
         try:
@@ -98,13 +108,35 @@ class LLM:
         target: str = "auto",
         require_accelerator: bool = False,
         prefix_cache_bytes: int | None = None,
+        speculate: bool = True,
+        draft: str | ResolvedModel | None = None,
     ) -> LLM:
+        """``draft``: a draft model (runtime/draft.py; bundle, .gguf or name) that drafts instead of prompt lookup,
+        planned with the target (its own terms) and checked to share its vocabulary."""
+        if draft is not None and not speculate:
+            raise BadInput("--draft gives a draft model for speculative decoding, which --no-speculate turns off: give one of them")
         opened = open_llm(model, memory=memory, ctx=ctx, kv_type=kv_type, threads=threads, target=target,
-                          require_accelerator=require_accelerator, prefix_cache_bytes=prefix_cache_bytes)
-        return cls(opened.model, opened.plan, opened.backend, opened.placement)
+                          require_accelerator=require_accelerator, prefix_cache_bytes=prefix_cache_bytes, draft=draft)
+        try:
+            llm = cls(opened.model, opened.plan, opened.backend, opened.placement, speculate=speculate)
+        except BaseException:
+            if opened.draft is not None:
+                opened.draft.close()
+            raise
+        if opened.draft is not None:  # (S2, draft model) the LLM owns it: closed with it
+            if llm.speculator is None:  # this backend cannot verify drafts
+                opened.draft.close()
+                log.warning("%s cannot verify drafts here: the draft model %s is not used", llm.model.manifest.ref,
+                            opened.draft.ref)
+            else:
+                llm.draft = opened.draft
+                llm.speculator = Speculator(opened.draft)
+        return llm
 
     def close(self) -> None:
         self.backend.close()
+        if self.draft is not None:
+            self.draft.close()
 
     def __enter__(self) -> LLM:
         return self
@@ -123,7 +155,8 @@ class LLM:
         return self.backend.tokenize(text, add_bos=True, special=special)
 
     def start(self, prompt: str | Sequence[int], params: SamplingParams | None = None, *, n_keep: int | None = None,
-              truncations: Sequence[Truncation] = ()) -> Generation:
+              truncations: Sequence[Truncation] = (), speculate: bool = True) -> Generation:
+        """A generation of ``prompt``; ``speculate`` False decodes it plainly even when the LLM speculates."""
         if isinstance(prompt, str):
             if not prompt:
                 raise BadInput("--prompt is empty: give some text to continue")
@@ -133,7 +166,8 @@ class LLM:
         if not tokens:
             raise BadInput("the prompt has no tokens")
         keep = n_keep if n_keep is not None else (1 if len(tokens) > 1 and tokens[0] != tokens[1] else 0)
-        return Generation(self, tokens, params or self.defaults, keep, list(truncations))
+        return Generation(self, tokens, params or self.defaults, keep, list(truncations),
+                          self.speculator if speculate else None)
 
     def generate(self, prompt: str | Sequence[int], params: SamplingParams | None = None) -> Result:
         return self.start(prompt, params).finish()

@@ -113,6 +113,9 @@ class SpecialToken:
 class LLMBackend(Backend):
     n_ctx: int  # KV cells available
     gpu_offload: bool = False  # whether layers can live on a GPU in this build
+    # decode(..., logits_all=True) keeps the logits of every token and sample(sampler, index) samples from any of
+    # them: what speculative decoding verifies a draft with (runtime/speculative.py)
+    can_speculate: bool = False
 
     def special_tokens(self) -> Sequence[SpecialToken]:
         """Every token :meth:`tokenize` matches as a whole when ``special`` is set, longest text first.
@@ -136,8 +139,9 @@ class LLMBackend(Backend):
     def is_eog(self, token: int) -> bool: ...
 
     @abc.abstractmethod
-    def decode(self, tokens: Sequence[int], start: int) -> None:
-        """Evaluate ``tokens`` at positions ``start..``; keeps the last token's logits."""
+    def decode(self, tokens: Sequence[int], start: int, *, logits_all: bool = False) -> None:
+        """Evaluate ``tokens`` at positions ``start..``; keeps the last token's logits, or with ``logits_all``
+        (only where :attr:`can_speculate`; at most one batch of tokens) every token's, for ``sample(sampler, i)``."""
 
     @abc.abstractmethod
     def remove(self, start: int, end: int = -1) -> bool:
@@ -154,8 +158,9 @@ class LLMBackend(Backend):
     def new_sampler(self, params: SamplingParams) -> Any: ...
 
     @abc.abstractmethod
-    def sample(self, sampler: Any) -> int:
-        """Sample from the last decoded token's logits (and record it for penalties)."""
+    def sample(self, sampler: Any, index: int = -1) -> int:
+        """Sample from the last decoded token's logits, or (``logits_all``) from those of token ``index`` of the
+        last decode, and record the token for penalties."""
 
     @abc.abstractmethod
     def state_size(self) -> int:

@@ -99,6 +99,7 @@ def layer_offload(model: Any, layer_devices: dict[int, str], *, gpu_offload: boo
 
 class LlamaCppBackend(LLMBackend):
     name = BackendName.LLAMACPP.value
+    can_speculate = True
 
     def __init__(self, path: Path, plan: MemoryPlan, placement: Placed, *, native_log: bool = False) -> None:
         """The GGUF at ``path`` with ``plan``'s context and KV cache, on ``placement``'s threads and GPU layers."""
@@ -153,12 +154,37 @@ class LlamaCppBackend(LLMBackend):
         return bool(llama_cpp.llama_vocab_is_eog(self._vocab, token))
 
     # -- KV cache ----------------------------------------------------------------
-    def decode(self, tokens: Sequence[int], start: int) -> None:
+    def decode(self, tokens: Sequence[int], start: int, *, logits_all: bool = False) -> None:
+        if logits_all:
+            self._decode_all(tokens, start)
+            return
         self._llm.n_tokens = start  # Llama.eval removes cells >= n_tokens, then decodes in n_batch chunks
         try:
             self._llm.eval(list(tokens))
         except RuntimeError as exc:
             raise BackendError(f"llama.cpp decode failed at position {start}: {exc}") from None
+
+    def _decode_all(self, tokens: Sequence[int], start: int) -> None:
+        """One llama_decode of ``tokens`` with the logits of every one kept (Llama.eval keeps only the last one's
+        unless the whole Llama was made with logits_all); Llama's own bookkeeping (n_tokens, input_ids) kept in step."""
+        llm, n = self._llm, len(tokens)
+        if not 0 < n <= llm.n_batch:
+            raise ValueError(f"{n} tokens in one verify batch, the batch holds {llm.n_batch}")  # the caller's bug
+        llama_cpp.llama_memory_seq_rm(self._mem, -1, start, -1)  # as Llama.eval does: nothing stale after start
+        batch = llm._batch.batch
+        for i, token in enumerate(tokens):
+            batch.token[i] = token
+            batch.pos[i] = start + i
+            batch.n_seq_id[i] = 1
+            batch.seq_id[i][0] = 0
+            batch.logits[i] = True
+        batch.n_tokens = n
+        code = llama_cpp.llama_decode(self._ctx.ctx, batch)
+        if code != 0:
+            llm.n_tokens = start
+            raise BackendError(f"llama.cpp decode of {n} tokens failed at position {start} (code {code})")
+        llm.input_ids[start : start + n] = tokens
+        llm.n_tokens = start + n
 
     def remove(self, start: int, end: int = -1) -> bool:
         ok = bool(llama_cpp.llama_memory_seq_rm(self._mem, 0, start, end))
@@ -203,8 +229,8 @@ class LlamaCppBackend(LLMBackend):
             repeat_penalty=params.repeat_penalty,
         )
 
-    def sample(self, sampler: Any) -> int:
-        return int(sampler.sample(self._ctx, -1))
+    def sample(self, sampler: Any, index: int = -1) -> int:
+        return int(sampler.sample(self._ctx, index))
 
     def special_text(self, which: str) -> str:
         """The text of the BOS or EOS token, for chat templates."""
