@@ -38,7 +38,9 @@ saying by how much.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
+import re
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -221,6 +223,7 @@ class MemoryPlan:
     n_slots: int = 1  # sequences decoded together (runtime/engine.py), each in its own KV stream of slot_ctx cells
     slot_ctx: int = 0  # cells per slot: n_ctx = n_slots * slot_ctx (0 when built by hand: n_ctx / n_slots)
     draft: DraftTerms | None = None  # a draft model's terms (runtime/draft.py), counted in the total
+    device: DeviceSplit | None = None  # host and device terms once the load put layers on a GPU (split_by_device)
 
     def __post_init__(self) -> None:
         if not self.slot_ctx:
@@ -244,6 +247,7 @@ class MemoryPlan:
         data["kv_type"] = self.kv_type.value
         if self.draft is not None:
             data["draft"] = {**data["draft"], "kv_type": self.draft.kv_type.value, "total_bytes": self.draft.total_bytes}
+        data["device"] = self.device.to_dict() if self.device is not None else None
         data["total_bytes"] = self.total_bytes
         data["reserve_bytes"] = self.reserve_bytes
         data["fits"] = self.fits
@@ -273,10 +277,16 @@ class MemoryPlan:
         if self.swa:
             per = " per slot" if self.n_slots > 1 else ""
             lines.append(f"  sliding window: {self.swa['layers']} layers x {self.swa['cells']} cells{per} (window {self.swa['window']})")
+        if self.device is not None:
+            lines += self.device.table()
         headroom = self.budget_bytes - self.total_bytes - self.reserve_bytes
         lines.append(f"  fits: {'yes' if self.fits else 'no'} (headroom {fmt_bytes(headroom)});"
                      f" compute address space reserved: {fmt_bytes(self.compute_reserved_bytes)}")
         return "\n".join(lines)
+
+    def with_device(self, split: DeviceSplit) -> MemoryPlan:
+        """This plan with where its bytes are once loaded (:func:`split_by_device`)."""
+        return dataclasses.replace(self, device=split)
 
     def _draft_rows(self) -> list[tuple[str, int]]:
         d = self.draft
@@ -466,3 +476,118 @@ def _largest_ctx(build: Callable[[int, KVType, int], MemoryPlan], kv: KVType, ub
         else:
             break
     return best
+
+
+# -- device and host memory once layers are offloaded (issue 20: the GPU path) ---------------------------------------
+# llama.cpp (src/llama-model.cpp, load_tensors) with n_gpu_layers = k: the output layer counts as layer n_layer, and
+# layers il >= n_layer + 1 - k go to the GPU (so k = 1 offloads only the output layer, k = n_layer + 1 everything);
+# the input layer (token embedding) always stays on the CPU. With offload_kqv (edgerun's default) a layer's KV cache
+# lives where the layer does. A tied embedding used as the output layer is copied to the output layer's device.
+DEVICE_RUNTIME_OVERHEAD = 256 << 20  # CUDA context and cuBLAS workspace on the device: an estimate, not yet measured
+# on a GPU (scripts/gpu-check.sh reports the GPU's memory in use beside this plan's device total, to fit it)
+_BLOCK = re.compile(r"^blk\.(\d+)\.")
+_OUTPUT = ("output.weight", "output.bias", "output_norm.weight", "output_norm.bias")
+
+
+@dataclass(frozen=True)
+class DeviceSplit:
+    """Where a plan's bytes are once llama.cpp has put ``layers_on_device`` layers (its count: repeating layers plus
+    the output layer, as the placement's offload reports it) on a GPU.
+
+    A discrete GPU has memory of its own: ``host`` is what RAM must hold, ``device`` what the GPU must. With unified
+    memory (a Jetson: the GPU allocates from the same RAM) both come out of one pool and each weight counts once: an
+    offloaded layer's weights move from the file mapping (whose pages are then reclaimable cache) into the GPU's
+    allocation, so ``ram_bytes`` is host + device, not the whole file plus the device copy."""
+
+    layers_on_device: int
+    n_layer: int
+    unified: bool
+    host: dict[str, int]
+    device: dict[str, int]
+
+    @property
+    def host_bytes(self) -> int:
+        return sum(self.host.values())
+
+    @property
+    def device_bytes(self) -> int:
+        return sum(self.device.values())
+
+    @property
+    def ram_bytes(self) -> int:
+        """What the machine's RAM holds: the host terms, plus the device's on unified memory."""
+        return self.host_bytes + (self.device_bytes if self.unified else 0)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"layers_on_device": self.layers_on_device, "n_layer": self.n_layer, "unified_memory": self.unified,
+                "host": dict(self.host), "device": dict(self.device), "host_bytes": self.host_bytes,
+                "device_bytes": self.device_bytes, "ram_bytes": self.ram_bytes}
+
+    def table(self) -> list[str]:
+        memory = "unified memory: one pool" if self.unified else "device memory apart from RAM"
+        lines = [f"  on the GPU: {self.layers_on_device}/{self.n_layer + 1} layers (output included); {memory}"]
+        for side, terms in (("device", self.device), ("host", self.host)):
+            lines += [f"    {side:<6} {name:<31} {fmt_bytes(value):>11}" for name, value in terms.items() if value]
+        lines.append(f"    device total {fmt_bytes(self.device_bytes)}, host total {fmt_bytes(self.host_bytes)}"
+                     + (f", RAM {fmt_bytes(self.ram_bytes)} (offloaded weights counted once)" if self.unified else ""))
+        return lines
+
+
+def _layer_of(name: str, n_layer: int) -> int | None:
+    """The layer a tensor belongs to: 0..n_layer-1, n_layer for the output layer, None for the input layer."""
+    found = _BLOCK.match(name)
+    if found:
+        return int(found[1])
+    return n_layer if name in _OUTPUT else None
+
+
+def _split_model(info: GGUFInfo, shape: LLMShape, k: int, kv: KVType, cells: int, swa_cells: int, compute: int,
+                 logits: int, prefix: str, host: dict[str, int], device: dict[str, int]) -> None:
+    """Add one model's weights, KV cache and compute to ``host``/``device`` for ``k`` layers on the device."""
+    n_layer = shape.n_layer
+    k = max(0, min(k, n_layer + 1))
+    first = n_layer + 1 - k  # the first layer on the device (n_layer: only the output layer)
+    names = {t.name for t in info.tensors}
+    for t in info.tensors:
+        il = _layer_of(t.name, n_layer)
+        side = device if il is not None and il >= first else host
+        side[f"{prefix}weights"] = side.get(f"{prefix}weights", 0) + t.nbytes
+        if t.name == "token_embd.weight" and k >= 1 and "output.weight" not in names:
+            device[f"{prefix}weights"] = device.get(f"{prefix}weights", 0) + t.nbytes  # the tied output's copy
+    for il, (h, is_swa) in enumerate(zip(shape.n_head_kv, shape.swa_layers, strict=True)):
+        side = device if il >= first else host
+        n = swa_cells if is_swa else cells
+        cell = h * (shape.key_length + shape.value_length) * kv.bytes_per_element
+        side[f"{prefix}KV cache"] = side.get(f"{prefix}KV cache", 0) + int(cell * n)
+    on_device = max(0, k - 1)  # repeating layers on the device
+    activations = compute - logits
+    if k >= 1:
+        device[f"{prefix}compute"] = device.get(f"{prefix}compute", 0) + activations
+    host[f"{prefix}compute"] = host.get(f"{prefix}compute", 0) + logits + (activations if on_device < n_layer else 0)
+
+
+def split_by_device(plan: MemoryPlan, info: GGUFInfo, layers_on_device: int, *, unified: bool,
+                    draft: GGUFInfo | None = None) -> DeviceSplit:
+    """``plan`` (for ``info``; ``draft``: its draft model's header when it has one) with ``layers_on_device`` layers
+    on a GPU, as host and device terms. The draft runs on the same placement, so the same count of its layers."""
+    shape = LLMShape.from_gguf(info)
+    host: dict[str, int] = {}
+    device: dict[str, int] = {}
+    logits = (1 + plan.n_slots) * shape.n_vocab * 4  # rows of logits read back to the host (compute_bytes' outputs)
+    swa_cells = plan.swa.get("cells", 0) * plan.n_slots
+    _split_model(info, shape, layers_on_device, plan.kv_type, plan.n_ctx, swa_cells, plan.compute_bytes, logits, "",
+                 host, device)
+    d = plan.draft
+    if d is not None and draft is not None:
+        dshape = LLMShape.from_gguf(draft)
+        _split_model(draft, dshape, layers_on_device, d.kv_type, d.n_ctx, dshape.swa_cells(d.n_ctx, d.n_ubatch),
+                     d.compute_bytes, 2 * dshape.n_vocab * 4, "draft ", host, device)
+    elif d is not None:
+        host["draft (not split: header not given)"] = d.weights_bytes + d.kv_bytes + d.compute_bytes
+    if layers_on_device > 0:
+        device["runtime (CUDA context, estimate)"] = DEVICE_RUNTIME_OVERHEAD
+    host["prefix cache (bound)"] = plan.prefix_cache_bytes
+    host["runtime (python + libs)"] = plan.runtime_bytes
+    host["vocabulary tables"] = plan.vocab_bytes + (d.vocab_bytes if d is not None else 0)
+    return DeviceSplit(layers_on_device=max(0, min(layers_on_device, shape.n_layer + 1)), n_layer=shape.n_layer,
+                       unified=unified, host=host, device=device)
