@@ -169,7 +169,7 @@ class Manifest:
             "reports": self.reports,
         }
         if self.llm is not None:
-            data["llm"] = asdict(self.llm)
+            data["llm"] = self.llm.to_dict()
         if self.vision is not None:
             data["vision"] = self.vision.to_dict()
         if self.audio is not None:
@@ -203,6 +203,8 @@ class Manifest:
         llm = LLMSpec.from_dict(data["llm"]) if "llm" in data else None
         if kind == ModelKind.LLM and llm is None:
             raise BadInput("manifest: kind 'llm' requires an 'llm' section (architecture, context_length)")
+        if llm is not None and llm.draft is not None and llm.draft not in seen:
+            raise BadInput(f"manifest llm: draft file {llm.draft!r} is not among the bundle files {seen}")
         vision = VisionSpec.from_dict(data["vision"]) if "vision" in data else None
         if kind == ModelKind.VISION and vision is None:
             raise BadInput("manifest: kind 'vision' requires a 'vision' section (size, layout, mean, std, ...)")

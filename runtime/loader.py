@@ -18,7 +18,7 @@ from devices.backends import BackendName
 from runtime.bundle import ModelKind
 from runtime.errors import BadInput
 from runtime.gguf_file import read_gguf
-from runtime.plan import KVType, MemoryPlan, default_budget, plan_llm
+from runtime.plan import KVType, MemoryPlan, default_budget, plan_llm, split_by_device
 from runtime.resolve import ResolvedModel, resolve
 from runtime.units import parse_size
 
@@ -56,11 +56,13 @@ def open_llm(
     slots: int = 1,
     backend: BackendFactory | None = None,
     draft: str | ResolvedModel | None = None,
+    bundle_draft: bool = False,
 ) -> OpenedLLM:
     """Resolve ``model`` and open its GGUF within ``memory`` (bytes or a size; None: the default budget).
     ``slots``: sequences decoded together (runtime.plan.plan_llm); ``backend``: what opens the file, called as
     ``backend(path, plan, placement)`` (None: the registry's llama.cpp backend, runtime.backends.open_backend).
-    ``draft``: a draft model for speculative decoding (runtime/draft.py), planned, checked and opened beside."""
+    ``draft``: a draft model for speculative decoding (runtime/draft.py), planned, checked and opened beside;
+    ``bundle_draft``: without ``draft``, the bundle's own draft model (manifest ``llm.draft``) if it has one."""
     model = resolve(model) if isinstance(model, str) else model
     budget = parse_size(memory) if isinstance(memory, str) else (memory or default_budget())
     kv_type = KVType(kv_type) if isinstance(kv_type, str) else kv_type
@@ -73,17 +75,24 @@ def open_llm(
         from runtime.draft import resolve_draft
 
         draft_model = resolve_draft(draft)
+    own_draft = manifest.llm.draft if draft is None and bundle_draft and manifest.llm else None
     with contextlib.ExitStack() as undo:
         # The header check, the plan and llama.cpp all read the one file that was verified (runtime.checked_open).
         with contextlib.ExitStack() as files:
             (weights,) = files.enter_context(model.opened(manifest.file("weights").path))
             info = read_gguf(weights)
             draft_info = draft_path = None
+            draft_name = ""
             if draft_model is not None:
                 (draft_path,) = files.enter_context(draft_model.opened(draft_model.manifest.file("weights").path))
+                draft_name = draft_model.manifest.ref
+            elif own_draft is not None:
+                (draft_path,) = files.enter_context(model.opened(own_draft))
+                draft_name = f"{manifest.ref}/{own_draft}"
+            if draft_path is not None:
                 draft_info = read_gguf(draft_path)
             plan = plan_llm(info, budget, name=manifest.ref, ctx=ctx, kv_type=kv_type, prefix_cache_bytes=prefix_cache_bytes,
-                            slots=slots, draft=draft_info, draft_name=draft_model.manifest.ref if draft_model else "")
+                            slots=slots, draft=draft_info, draft_name=draft_name)
             from devices.placement import resolve_placement
 
             n_layers = int(info.arch_value("block_count", 0) or 0)
@@ -108,6 +117,11 @@ def open_llm(
                 undo.callback(opened_draft.close)
         placement = placement.loaded(opened.offload(), require_accelerator=require_accelerator)  # measured by llama.cpp
         undo.pop_all()
+    if placement.offload is not None and placement.offload.on_accelerator:  # host and device memory apart (issue 20)
+        from devices.gpu_memory import unified_memory
+
+        plan = plan.with_device(split_by_device(plan, info, placement.offload.on_accelerator, unified=unified_memory(),
+                                                draft=draft_info))
     if slots == 1:
         log.info("%s", placement.summary())
     else:

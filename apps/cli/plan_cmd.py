@@ -55,7 +55,12 @@ def main(args: argparse.Namespace) -> int:
 
             plan = plan_classifier(model.manifest, model_bytes, budget, batch=SEGMENT_WINDOWS, input_bytes=segment_bytes(spec))
     else:
-        draft = resolve_draft(args.draft) if args.draft else None
+        draft_path, draft_name = None, ""
+        if args.draft:
+            draft = resolve_draft(args.draft)
+            draft_path, draft_name = draft.path(), draft.manifest.ref
+        elif model.manifest.llm is not None and model.manifest.llm.draft and (args.slots or 1) == 1:  # the bundle's own
+            draft_path, draft_name = model.file(model.manifest.llm.draft), f"{model.manifest.ref}/{model.manifest.llm.draft}"
         plan = plan_llm(
             read_gguf(model.path()),
             budget,
@@ -64,8 +69,8 @@ def main(args: argparse.Namespace) -> int:
             kv_type=KVType(args.kv_type) if args.kv_type else None,
             prefix_cache_bytes=args.prefix_cache,
             slots=args.slots or 1,
-            draft=read_gguf(draft.path()) if draft else None,
-            draft_name=draft.manifest.ref if draft else "",
+            draft=read_gguf(draft_path) if draft_path else None,
+            draft_name=draft_name,
         )
     if args.json:
         print_json(plan.to_dict())

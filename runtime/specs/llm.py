@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from runtime.errors import BadInput
-from runtime.manifest_fields import required_field, text_field
+from runtime.manifest_fields import FILE_RE, required_field, text_field
 from runtime.sampling import INT32_MAX, SamplingParams
 
 
@@ -19,6 +19,7 @@ class LLMSpec:
     chat_template: str | None = None
     quantization: str = ""
     sampling: dict[str, Any] = field(default_factory=dict)  # default sampling settings, as SamplingParams names them
+    draft: str | None = None  # a bundle file: the draft model's GGUF for speculative decoding (runtime/draft.py)
 
     def __post_init__(self) -> None:
         # Typed and bounded here, whoever builds the spec: a bad default never reaches llama.cpp.
@@ -35,10 +36,20 @@ class LLMSpec:
         template = data.get("chat_template")
         if template is not None and not isinstance(template, str):
             raise BadInput(f"{where}: chat_template must be a string or null")
+        draft = data.get("draft")
+        if draft is not None and not (isinstance(draft, str) and FILE_RE.fullmatch(draft)):
+            raise BadInput(f"{where}: draft {draft!r:.80} must be the name of a bundle file (its draft model's GGUF) or null")
         return cls(
             architecture=required_field(data, "architecture", str, where),
             context_length=ctx,
             chat_template=template,
             quantization=text_field(data, "quantization", "", where),
             sampling=data.get("sampling", {}),
+            draft=draft,
         )
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        if self.draft is None:  # a bundle without a draft model reads as it always has
+            del data["draft"]
+        return data

@@ -162,3 +162,47 @@ def test_greedy_output_is_token_identical_with_the_draft_model(with_draft, promp
     assert drafted.text == plain.text and drafted.tokens_out == plain.tokens_out
     spec = drafted.speculation
     assert spec["drafter"] == "draft-model" and spec["drafted"] > 30 and spec["accepted"] > 10
+
+
+@pytest.fixture(scope="session")
+def draft_bundle(smollm, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """``edgerun convert draft default --out DIR``: the default bundle and its q4_0 draft, named in llm.draft."""
+    out = tmp_path_factory.mktemp("bundle") / "smollm2-with-draft"
+    assert cli(["convert", "draft", "default", "--out", str(out)]) == 0
+    return out
+
+
+def test_a_bundle_carries_its_draft_and_loads_it(smollm, draft_bundle, capsys) -> None:
+    from runtime.bundle import read_manifest_dir
+    from runtime.llm import LLM
+
+    manifest = read_manifest_dir(draft_bundle)
+    assert manifest.llm.draft == "draft.gguf" and manifest.file("draft").path == "draft.gguf"
+    assert manifest.version == f"{smollm.manifest.version}+draft-q4_0"
+    assert "draft" not in smollm.manifest.to_dict()["llm"]  # a bundle without one reads as it always has
+    assert cli(["plan", str(draft_bundle), "--memory", "1G", "--ctx", "1024"]) == 0
+    assert "draft weights (mmap)" in capsys.readouterr().out
+    with LLM.load(str(draft_bundle), memory="1G", ctx=1024) as llm:
+        assert llm.draft is not None and llm.plan.draft is not None and llm.speculator.drafter is llm.draft
+        assert llm.draft.ref.endswith("/draft.gguf")
+    with LLM.load(str(draft_bundle), memory="1G", ctx=1024, speculate=False) as llm:  # not loaded, not planned
+        assert llm.draft is None and llm.plan.draft is None
+
+
+def test_manifest_draft_must_name_a_bundle_file(smollm) -> None:
+    from runtime.bundle import Manifest
+
+    data = smollm.manifest.to_dict()
+    data["llm"]["draft"] = "missing.gguf"
+    with pytest.raises(BadInput, match="draft file 'missing.gguf' is not among the bundle files"):
+        Manifest.from_dict(data)
+    data["llm"]["draft"] = "../escape.gguf"
+    with pytest.raises(BadInput, match="must be the name of a bundle file"):
+        Manifest.from_dict(data)
+
+
+def test_draft_with_speculation_off_is_refused(smollm, draft_gguf) -> None:
+    from runtime.llm import LLM
+
+    with pytest.raises(BadInput, match="--no-speculate turns off"):
+        LLM.load(smollm, memory="1G", ctx=1024, draft=str(draft_gguf), speculate=False)
