@@ -112,11 +112,13 @@ class LLM:
         draft: str | ResolvedModel | None = None,
     ) -> LLM:
         """``draft``: a draft model (runtime/draft.py; bundle, .gguf or name) that drafts instead of prompt lookup,
-        planned with the target (its own terms) and checked to share its vocabulary."""
+        planned with the target (its own terms) and checked to share its vocabulary; without it, the bundle's own
+        (manifest ``llm.draft``) when it has one and ``speculate`` is on."""
         if draft is not None and not speculate:
             raise BadInput("--draft gives a draft model for speculative decoding, which --no-speculate turns off: give one of them")
         opened = open_llm(model, memory=memory, ctx=ctx, kv_type=kv_type, threads=threads, target=target,
-                          require_accelerator=require_accelerator, prefix_cache_bytes=prefix_cache_bytes, draft=draft)
+                          require_accelerator=require_accelerator, prefix_cache_bytes=prefix_cache_bytes, draft=draft,
+                          bundle_draft=speculate)
         try:
             llm = cls(opened.model, opened.plan, opened.backend, opened.placement, speculate=speculate)
         except BaseException:
