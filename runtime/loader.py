@@ -18,7 +18,7 @@ from devices.backends import BackendName
 from runtime.bundle import ModelKind
 from runtime.errors import BadInput
 from runtime.gguf_file import read_gguf
-from runtime.plan import KVType, MemoryPlan, default_budget, plan_llm, split_by_device, split_by_device
+from runtime.plan import KVType, MemoryPlan, default_budget, plan_llm, split_by_device
 from runtime.resolve import ResolvedModel, resolve
 from runtime.units import parse_size
 
@@ -117,11 +117,6 @@ def open_llm(
                 undo.callback(opened_draft.close)
         placement = placement.loaded(opened.offload(), require_accelerator=require_accelerator)  # measured by llama.cpp
         undo.pop_all()
-    if placement.offload is not None and placement.offload.on_accelerator:  # host and device memory apart (issue 20)
-        from devices.gpu_memory import unified_memory
-
-        plan = plan.with_device(split_by_device(plan, info, placement.offload.on_accelerator, unified=unified_memory(),
-                                                draft=draft_info))
     if placement.offload is not None and placement.offload.on_accelerator:  # host and device memory apart (issue 20)
         from devices.gpu_memory import unified_memory
 
