@@ -134,6 +134,22 @@ def test_draft_model_kv_follows_the_context_it_is_given(with_draft) -> None:
     assert draft.draft(context[:3], 0) == []
 
 
+def test_draft_model_catches_up_at_most_a_window(with_draft) -> None:
+    """Far behind the target (speculation was off, a new prompt), the draft restarts on the context's last WINDOW
+    tokens rather than decoding everything it missed; in step again, it decodes only what is new."""
+    from runtime.draft import WINDOW
+
+    draft = with_draft.draft
+    text = with_draft.tokenize("Edge devices run small language models offline. " * 30)
+    assert len(text) > 3 * WINDOW
+    draft.draft(text[:20], 2)
+    out = draft.draft(text, 3)  # far behind: not the whole text
+    assert draft.kv.tokens == text[-WINDOW:] + out[:-1]
+    longer = text + out[:1] + [out[0]]  # one accepted, then the target's own token
+    more = draft.draft(longer, 2)
+    assert draft.kv.tokens == longer[-WINDOW - 2 :] + more[:-1]  # the same window, grown: nothing decoded twice
+
+
 class _AlwaysDraft(Adaptive):
     """A controller that drafts k tokens every step: the equality below is then tested on many verify steps."""
 
