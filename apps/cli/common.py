@@ -22,6 +22,9 @@ def add_load_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--memory", type=size(), metavar="SIZE",
                         help="memory budget, e.g. 512M or 1.5G, at most 256T (default: the board profile's share of available RAM)")
     add_llm_plan_arguments(parser, "(default: largest that fits, up to 8192)")
+    parser.add_argument("--no-speculate", action="store_true", default=None,  # None: not given (see refuse_flags)
+                        help="LLM: plain decoding, one token per step (default: speculative decoding, drafts by prompt"
+                             " lookup verified in one batch; it switches itself off where it does not pay)")
     parser.add_argument("--threads", type=thread_count, metavar="N",
                         help="CPU threads, 1 to 4 x the logical CPUs (default: from the device and its load)")
     parser.add_argument("--target", default="auto", help="cpu, gpu, npu or auto (default: auto)")
@@ -75,6 +78,9 @@ def load(args: argparse.Namespace, model: Any = None):
     """The LLM named by ``args.model`` (or the already resolved ``model``), with the load flags."""
     from runtime.llm import LLM
 
+    speculate = not getattr(args, "no_speculate", None)
+    if not speculate and getattr(args, "draft", None):
+        raise BadInput("--draft drafts for speculative decoding, which --no-speculate turns off: give one of them")
     return LLM.load(
         args.model if model is None else model,
         memory=args.memory,
@@ -85,6 +91,7 @@ def load(args: argparse.Namespace, model: Any = None):
         require_accelerator=args.require_accelerator,
         prefix_cache_bytes=args.prefix_cache,
         draft=args.draft,
+        speculate=speculate,
     )
 
 

@@ -25,7 +25,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 # Flags that apply to one kind of model only; each defaults to None, so "given" is "not None".
-LLM_ONLY = ("prompt", "chat", "ctx", "kv_type", "prefix_cache", "draft", *SAMPLING_FLAGS)
+LLM_ONLY = ("prompt", "chat", "ctx", "kv_type", "prefix_cache", "draft", "no_speculate", *SAMPLING_FLAGS)
 CLASSIFIER_ONLY = ("input", "top")
 
 

@@ -1,0 +1,179 @@
+"""Speculative decoding on the real models: greedy output token-identical with and without it (SmolLM2, the
+default bundle, and Gemma 3 270M, whose sliding-window layers must drop draft cells too), on text that repeats
+(rewrite, where drafts are accepted) and text that does not; EOS, a stop string and max_tokens inside an
+accepted draft; the cache refusing to drop draft cells; the CLI's --no-speculate and --json stats."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Sequence
+
+import pytest
+
+from runtime.llm import LLM
+from runtime.sampling import SamplingParams
+from runtime.speculative import Adaptive, PromptLookup, Speculator
+
+GiB = 1 << 30
+
+TEXT = ("The lighthouse keeper climbed the spiral stairs every evening at dusk. He trimmed the wick, polished the "
+        "great lens and wound the clockwork that turned the light. Ships far out at sea watched for its slow white "
+        "flash, counted the seconds between the beams and knew where the rocks lay. In winter the storms came in "
+        "from the west and salt spray reached the lantern room, but the light never failed.")
+GREEDY = SamplingParams(max_tokens=96, temperature=0.0)
+
+
+class Always(Adaptive):
+    """A controller that drafts ``k`` tokens every step: the verify path runs on every token."""
+
+    def __init__(self, k: int) -> None:
+        super().__init__(k_max=k)
+
+    def plan(self, limit: int | None = None) -> int:
+        return self.k_max if limit is None else min(self.k_max, limit)
+
+
+class Recording(PromptLookup):
+    def __init__(self) -> None:
+        super().__init__()
+        self.drafts: list[list[int]] = []
+
+    def draft(self, context: Sequence[int], n: int) -> list[int]:
+        out = super().draft(context, n)
+        if out:
+            self.drafts.append(out)
+        return out
+
+
+@pytest.fixture(scope="module")
+def smol(smollm) -> Iterator[LLM]:
+    with LLM.load(smollm, memory=GiB, ctx=2048, threads=2) as llm:
+        yield llm
+
+
+@pytest.fixture(scope="module")
+def gemma3(gemma) -> Iterator[LLM]:
+    with LLM.load(gemma, memory=GiB, ctx=2048, threads=2) as llm:
+        yield llm
+
+
+def both(llm: LLM, run, k: int = 4, drafter: PromptLookup | None = None):
+    """``run(llm)`` plainly, then with a draft of ``k`` verified at every step; the two results."""
+    keep = llm.speculator
+    try:
+        llm.speculator = None
+        plain = run(llm)
+        llm.speculator = Speculator(drafter or PromptLookup(), Always(k))
+        spec = run(llm)
+    finally:
+        llm.speculator = keep
+    return plain, spec
+
+
+def same(plain, spec) -> None:
+    assert (spec.text, spec.tokens_out, spec.stop_reason) == (plain.text, plain.tokens_out, plain.stop_reason)
+
+
+def chat(messages: list[dict[str, str]], params: SamplingParams = GREEDY):
+    return lambda llm: llm.chat(messages, params).finish()
+
+
+def test_smollm_rewrite_is_token_identical_and_drafts_are_accepted(smol) -> None:
+    plain, spec = both(smol, chat([{"role": "user", "content": f"Rewrite this text word for word:\n\n{TEXT}"}]))
+    same(plain, spec)
+    assert spec.speculation["drafted"] > 0 and spec.speculation["accepted"] > 0, spec.speculation
+    assert plain.speculation["enabled"] is False and spec.speculation["enabled"] is True
+
+
+def test_smollm_text_that_does_not_repeat_is_token_identical(smol) -> None:
+    plain, spec = both(smol, chat([{"role": "user", "content": "Name three colours and say why the sky is blue."}]), k=2)
+    same(plain, spec)
+    assert spec.speculation["drafted"] > 0  # verified at every step, accepted or not
+
+
+def test_gemma_sliding_window_drops_draft_cells_and_stays_token_identical(gemma3) -> None:
+    """A prompt longer than the sliding-window cache (window + micro-batch cells): draft cells are written
+    over cells the window no longer needs and removed again, and the output stays the plain one."""
+    long_text = " ".join([TEXT] * 14)
+    prompt = f"{long_text}\n\nThe same story, told again:\n{TEXT[:120]}"
+    params = SamplingParams(max_tokens=80, temperature=0.0)
+    plain, spec = both(gemma3, lambda llm: llm.generate(prompt, params))
+    assert plain.tokens_in > 1100
+    same(plain, spec)
+    assert spec.speculation["accepted"] > 0, spec.speculation
+
+
+def test_gemma_text_that_does_not_repeat_is_token_identical(gemma3) -> None:
+    params = SamplingParams(max_tokens=48, temperature=0.0)
+    plain, spec = both(gemma3, lambda llm: llm.generate("A recipe for bread: first,", params), k=3)
+    same(plain, spec)
+    assert spec.speculation["drafted"] > 0
+
+
+def test_eos_inside_an_accepted_draft_ends_as_plain_decoding_does(smol) -> None:
+    """The chat prompt holds the sentence followed by the end-of-turn token: repeating it, the draft carries
+    that EOS, and the target accepts it."""
+    sentence = "The cat sat on the warm mat by the door."
+    drafter = Recording()
+    plain, spec = both(smol, chat([{"role": "user", "content": f"Repeat exactly: {sentence}"}]), k=8, drafter=drafter)
+    same(plain, spec)
+    assert spec.stop_reason == "eos"
+    assert any(smol.backend.is_eog(t) for d in drafter.drafts for t in d)
+
+
+def test_max_tokens_and_a_stop_string_inside_a_draft(smol) -> None:
+    messages = [{"role": "user", "content": f"Rewrite this text word for word:\n\n{TEXT}"}]
+    for params in (GREEDY.with_(max_tokens=37), GREEDY.with_(stop=("polished",))):
+        plain, spec = both(smol, chat(messages, params), k=8)
+        same(plain, spec)
+        assert spec.speculation["accepted"] > 0
+    assert spec.stop_reason == "stop" and "polished" not in spec.text
+    # the cells of draft tokens left unverified were dropped: the cache lists only what it holds, and the next
+    # generation (reusing it) is the plain one
+    assert smol.backend._llm.n_tokens == len(smol.kv.tokens)
+    again, _ = both(smol, chat(messages))
+    fresh, _ = both(smol, chat(messages))
+    same(again, fresh)
+
+
+def test_a_cache_that_refuses_to_drop_draft_cells_is_recomputed_and_speculation_stops(smol, monkeypatch) -> None:
+    remove = smol.backend.remove
+    monkeypatch.setattr(smol.backend, "remove", lambda start, end=-1: False if end < 0 and start > 0 else remove(start, end))
+    ctl = Adaptive()
+    ctl._plain_seen = ctl.WARMUP
+    keep = smol.speculator
+    messages = [{"role": "user", "content": "Count from one to twenty in words, separated by commas."}]
+    try:
+        smol.speculator = None
+        plain = smol.chat(messages, GREEDY).finish()
+        smol.speculator = Speculator(PromptLookup(), ctl)
+        spec = smol.chat(messages, GREEDY).finish()
+    finally:
+        smol.speculator = keep
+    same(plain, spec)
+    assert ctl.disabled and spec.speculation["on"] is False
+
+
+def test_default_speculation_is_on_and_reports_itself(smol) -> None:
+    result = smol.chat([{"role": "user", "content": f"Rewrite this text word for word:\n\n{TEXT}"}], GREEDY).finish()
+    stats = result.speculation
+    assert stats["drafter"] == "prompt-lookup" and stats["enabled"] is True
+    assert set(stats) >= {"on", "steps", "drafted", "accepted", "acceptance", "mean_draft"}
+    plain = smol.start("Hello", GREEDY.with_(max_tokens=4), speculate=False).finish()
+    assert plain.speculation["enabled"] is False and plain.speculation["drafted"] == 0
+
+
+def test_cli_no_speculate_and_json_stats(smollm, capsys) -> None:
+    from apps.cli import main as cli
+
+    args = ["run", "default", "--prompt", "one two three one two three one two", "--max-tokens", "8",
+            "--temperature", "0", "--memory", "1G", "--threads", "2", "--ctx", "512", "--json"]
+    assert cli(args) == 0
+    on = json.loads(capsys.readouterr().out)
+    assert cli([*args, "--no-speculate"]) == 0
+    off = json.loads(capsys.readouterr().out)
+    assert on["speculation"]["enabled"] is True and off["speculation"]["enabled"] is False
+    assert on["text"] == off["text"]
+    assert cli([*args, "--no-speculate", "--draft", str(smollm.path())]) == 2
+    err = capsys.readouterr().err
+    assert "--no-speculate" in err and err.count("\n") == 1
