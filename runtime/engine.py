@@ -18,6 +18,18 @@ bounded queues, aging, deadlines). Every step of the engine thread:
    tokens while others decode, so a long prompt does not stall them);
 4. one ``llama_decode``; each slot that got logits samples its next token with its own sampler.
 
+Speculative decoding, per slot (on unless ``speculate=False``): a decoding slot's row carries its next token and
+a draft of up to ``k`` tokens after it (prompt lookup over the request's own tokens, runtime/speculative.py),
+with the logits of every position kept; drafts use only the batch room left after every slot's next token and
+the prompt chunks. After the step's one ``llama_decode`` the slot samples at each drafted position with its own
+sampler and accepts while the sample equals the draft (sample-and-compare): the tokens, and the sampler's
+draws, are those of plain decoding, so greedy text is unchanged. The rejected tokens' cells are removed from
+that sequence (``llama_memory_seq_rm``); ``kv.tokens`` always says what the cells hold, so preemption saves
+accepted tokens only. Each request's :class:`~runtime.speculative.Adaptive` controller sets ``k`` from the
+request's acceptance and the cost of a draft token to the whole batch (runtime/engine_spec.py), and stops
+drafting when it does not pay. Per-request counts are in ``EngineResult.speculation``, totals in
+:meth:`Engine.stats` (``spec_drafted``, ``spec_accepted``).
+
 Greedy text equals the single-stream LLM's token for token for SmolLM2's Q4_1 (tested: 4 concurrent requests,
 preempted ones too). It is not guaranteed for every model. Observed (by hand, not in a test) with Gemma 3 Q4_K_M
 on x86 CPU: one prompt of three prefilled in one batch ended "red, blue and yellow" where alone it says "red,
@@ -49,6 +61,7 @@ from runtime.prefix_cache import PrefixCache
 from runtime.resolve import ResolvedModel
 from runtime.sampling import SEED_MAX, SamplingParams
 from runtime.scheduler import Job, Priority, Scheduler
+from runtime.speculative import PromptLookup, Speculator
 
 __all__ = ["Engine", "EngineResult", "Event", "GenHandle", "GenRequest", "Priority"]
 
@@ -67,10 +80,13 @@ class Engine:
     chat_tokenizer = LLM.chat_tokenizer
 
     def __init__(self, model: ResolvedModel, plan: MemoryPlan, backend: LlamaCppBatch, placement: Any, *,
-                 max_queued: int = 64, aging_s: float = 5.0, prefill_chunk: int | None = None, start: bool = True) -> None:
-        """Takes ownership of ``backend`` (closed here if the engine cannot be set up). ``start`` False: no
-        thread; the caller drives :meth:`step` (tests)."""
+                 max_queued: int = 64, aging_s: float = 5.0, prefill_chunk: int | None = None, speculate: bool = True,
+                 start: bool = True) -> None:
+        """Takes ownership of ``backend`` (closed here if the engine cannot be set up). ``speculate``: each request
+        drafts by prompt lookup and its slot verifies the draft in the step's batch (see below); False: one token
+        per slot and step. ``start`` False: no thread; the caller drives :meth:`step` (tests)."""
         self.model, self.plan, self.backend, self.placement = model, plan, backend, placement
+        self.speculate = speculate
         self._chat_template = self._chat_tokenizer = None
         self._thread: threading.Thread | None = None
         try:
@@ -99,14 +115,14 @@ class Engine:
              ctx: int | None = None, threads: int | None = None, kv_type: KVType | str | None = None,
              prefix_cache_bytes: int | None = None, max_queued: int = 64, aging_s: float = 5.0,
              target: str = "auto", require_accelerator: bool = False, prefill_chunk: int | None = None,
-             start: bool = True) -> Engine:
+             speculate: bool = True, start: bool = True) -> Engine:
         """Resolve, plan (``slots`` sequences of ``ctx`` tokens each; without ``ctx`` the planner splits the
         context between them), place (``threads``: the placement's, the one thread budget of the engine), load."""
         opened = open_llm(model, memory=memory, ctx=ctx, kv_type=kv_type, threads=threads, target=target,
                           require_accelerator=require_accelerator, prefix_cache_bytes=prefix_cache_bytes, slots=slots,
                           backend=LlamaCppBatch)
         return cls(opened.model, opened.plan, opened.backend, opened.placement, max_queued=max_queued, aging_s=aging_s,
-                   prefill_chunk=prefill_chunk, start=start)
+                   prefill_chunk=prefill_chunk, speculate=speculate, start=start)
 
     # -- requests ------------------------------------------------------------------------------------------------
     def submit(self, req: GenRequest) -> GenHandle:
@@ -131,7 +147,9 @@ class Engine:
         job = Job(payload=None, priority=Priority(req.priority), deadline=req.deadline, preemptible=req.preemptible)
         handle = GenHandle(job)
         handle.truncations = list(truncations)  # known now (turns dropped, the prompt cut): a header can say so at once
-        job.payload = SeqState(handle, req, tokens, params, keep, truncations)
+        # A drafter and controller of its own: acceptance is the request's (its text), so is the on/off state.
+        speculator = Speculator(PromptLookup()) if self.speculate and req.speculate else None
+        job.payload = SeqState(handle, req, tokens, params, keep, truncations, speculator)
         self.scheduler.submit(job)
         return handle
 
@@ -183,6 +201,7 @@ class Engine:
         """Slots busy, queued requests per priority, prefix-cache hits and misses, tokens, preemptions."""
         depth = self.scheduler.depth()
         return {"slots": self.n_slots, "slot_ctx": self.slot_ctx, "threads": self.placement.threads,
+                "speculate": self.speculate,
                 "slots_busy": sum(j is not None for j in self.slots()),
                 "queued": {p.name.lower(): depth[p] for p in Priority}, "prefix_cache": self.prefix_cache.stats(),
                 **self._loop.counters()}

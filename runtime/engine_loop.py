@@ -5,17 +5,20 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from runtime.backends.llamacpp_batch import LlamaCppBatch, Row, SequenceView
 from runtime.engine_requests import Event
 from runtime.engine_seq import SeqState
+from runtime.engine_spec import StepCost
 from runtime.errors import BackendError, Cancelled, DeadlineExceeded, EdgerunError
 from runtime.generation import Truncation
 from runtime.kv import KVSequence
 from runtime.plan import MemoryPlan
 from runtime.prefix_cache import PrefixCache, common_prefix
 from runtime.scheduler import Job, Scheduler
+from runtime.speculative import verify
 
 log = logging.getLogger(__name__)
 IDLE_WAIT_S = 0.05  # an idle engine looks at cancelled queued requests this often
@@ -43,6 +46,8 @@ class Loop:
         self._order = 0  # admission order, for fair prefill chunks
         self._admitted: dict[int, int] = {}  # slot id -> admission order
         self.steps = self.decoded = self.prefilled = self.preemptions = self.finished = self.failed = 0
+        self.drafted = self.accepted = 0  # speculative decoding: draft tokens verified, and accepted
+        self.cost = StepCost()
         scheduler.on_drop = self.dropped
 
     # -- the thread --------------------------------------------------------------------------------------------------
@@ -66,7 +71,8 @@ class Loop:
 
     def counters(self) -> dict[str, int]:
         return {"steps": self.steps, "tokens_decoded": self.decoded, "prompt_tokens_computed": self.prefilled,
-                "preemptions": self.preemptions, "requests_done": self.finished, "requests_failed": self.failed}
+                "preemptions": self.preemptions, "requests_done": self.finished, "requests_failed": self.failed,
+                "spec_drafted": self.drafted, "spec_accepted": self.accepted}
 
     # -- one step ------------------------------------------------------------------------------------------------------
     def step(self) -> bool:
@@ -81,6 +87,7 @@ class Loop:
         if not work:
             return False
         self.steps += 1
+        t0 = time.perf_counter()
         try:
             where = self.backend.decode([row for _, row in work])
         except BackendError as exc:
@@ -88,10 +95,14 @@ class Loop:
                 slot.kv.clear()
                 self._end(slot, exc)
             return True
+        seconds = time.perf_counter() - t0
+        n_dec = sum(row.logits_all for _, row in work)
+        if n_dec == len(work):  # decode rows only: a prompt chunk's tokens cost differently
+            self.cost.observe(sum(len(row.tokens) for _, row in work), seconds)
         for (slot, row), index in zip(work, where, strict=True):
             slot.kv.tokens.extend(row.tokens)  # decoded above, with the other slots' rows
             if index >= 0:
-                self._sampled(slot, index)
+                self._sampled(slot, index, row.tokens[1:] if row.logits_all else (), n_dec)
         return True
 
     def _admit(self, now: float) -> None:
@@ -134,7 +145,8 @@ class Loop:
         log.info("preempted request %d in slot %d after %d tokens (%d cached)", job.id, slot.id, seq.out, len(slot.kv.tokens))
 
     def _rows(self) -> list[tuple[Slot, Row]]:
-        """This step's batch: one token of every decoding slot, then prompt chunks, oldest admission first."""
+        """This step's batch: one token of every decoding slot, then prompt chunks, oldest admission first, then
+        the decoding slots' drafts in the room the batch has left (runtime/speculative.py)."""
         budget = self.backend.n_batch
         work: list[tuple[Slot, Row]] = []
         prefill: list[Slot] = []
@@ -146,11 +158,12 @@ class Loop:
                 self._shift(slot)
                 cached = slot.kv.tokens
             todo = len(slot.seq.tokens) - len(cached)
-            if todo == 1:
-                work.append((slot, Row(slot.id, slot.seq.tokens[-1:], len(cached), True)))
+            if todo == 1:  # all logits kept: the one token's, or a draft's after it (added below)
+                work.append((slot, Row(slot.id, slot.seq.tokens[-1:], len(cached), True, logits_all=True)))
                 budget -= 1
             elif todo > 1:
                 prefill.append(slot)
+        decoding = len(work)
         if work:
             budget = min(budget, self.prefill_chunk)
         for slot in sorted(prefill, key=lambda s: self._admitted[s.id]):
@@ -161,7 +174,29 @@ class Loop:
             chunk = todo[:budget]
             work.append((slot, Row(slot.id, chunk, start, len(chunk) == len(todo))))
             budget -= len(chunk)
+        room = self.backend.n_batch - sum(len(row.tokens) for _, row in work)
+        for i in range(decoding):
+            slot, row = work[i]
+            draft = self._draft(slot, row, room)
+            if draft:
+                work[i] = (slot, Row(row.seq, [*row.tokens, *draft], row.start, True, logits_all=True))
+                room -= len(draft)
         return work
+
+    def _draft(self, slot: Slot, row: Row, room: int) -> list[int]:
+        """The tokens ``slot``'s drafter proposes after its pending token (none when its controller says a plain
+        step): at most ``room`` (the batch), the cells left in the slot, and the tokens the request may still get."""
+        seq = slot.seq
+        spec = seq.speculator
+        if spec is None:
+            return []
+        ctl = spec.controller
+        k = ctl.plan(min(room, self.backend.slot_ctx - row.start - 1, seq.params.max_tokens - seq.out - 1))
+        if k:
+            return spec.drafter.draft(seq.tokens, k)
+        if ctl.wants_shadow() and spec.drafter.cheap:  # off: would its drafts have been accepted? (costs nothing)
+            ctl.shadow(spec.drafter.draft(seq.tokens, ctl.k_max))
+        return []
 
     def _shift(self, slot: Slot) -> None:
         """The slot is full: drop half of what follows the first n_keep tokens, as the single stream does."""
@@ -171,20 +206,57 @@ class Loop:
         seq.truncations.append(Truncation("shift", dropped, seq.out))
         log.info("slot %d context shift: dropped %d tokens after the first %d", slot.id, dropped, seq.n_keep)
 
-    def _sampled(self, slot: Slot, index: int) -> None:
+    def _sampled(self, slot: Slot, index: int, draft: Sequence[int] = (), n_dec: int = 1) -> None:
+        """Sample the slot's next tokens from batch index ``index`` on: one, or with a ``draft`` (decoded after
+        the pending token, logits at each) sample-and-compare (runtime/speculative.verify), each token emitted as
+        plain decoding emits it; the cells of rejected draft tokens are removed, so that ``kv.tokens`` stays what
+        the cells hold. ``n_dec``: slots decoding in this step (what a draft token cost them all: StepCost)."""
         seq = slot.seq
         if not seq.prefilled:
             seq.prefilled = True
             self.prefilled += seq.computed
             if seq.computed > 1 and not seq.preemptions:
                 slot.kv.save_prefix()  # the prompt, for later requests that share its start
-        token = self.backend.sample(seq.sampler, index)
-        piece, done = seq.accept(token, self.backend)
-        self.decoded += 1
-        if piece:
-            seq.handle._push(Event("text", piece))
+        sampler, spec = seq.sampler, seq.speculator
+        confirmed = len(slot.kv.tokens) - len(draft)  # cells of emitted tokens; the draft's after them
+        accepted, done = 0, False
+        for token, in_cache in verify(lambda i: self.backend.sample(sampler, index + i), draft):
+            piece, done = seq.accept(token, self.backend)
+            self.decoded += 1
+            if piece:
+                seq.handle._push(Event("text", piece))
+            if done:
+                break
+            if in_cache:
+                confirmed += 1
+                accepted += 1
+            elif not draft and spec is not None:
+                spec.controller.follow(token)  # a plain step: the shadow draft (if any) learns from it
+        if len(slot.kv.tokens) > confirmed:
+            self._truncate(slot, confirmed)
+        if spec is not None:
+            # counted as verified up to where verification stopped (an end inside the draft stops it early)
+            drafted = len(draft) if not done else min(len(draft), accepted + 1)
+            ctl = spec.controller
+            ctl.observe(drafted, accepted, self.cost.relative(n_dec, drafted))
+            if drafted:
+                spec.drafter.accepted(seq.tokens[: confirmed - accepted], drafted, accepted)
+                self.drafted += drafted
+                self.accepted += accepted
         if done:
             self._end(slot, None)
+
+    def _truncate(self, slot: Slot, n: int) -> None:
+        """Keep only the first ``n`` cells of ``slot`` (drop rejected draft tokens' cells)."""
+        if self.backend.remove(slot.id, n, -1):
+            del slot.kv.tokens[n:]
+            return
+        # A sliding-window or recurrent cache may refuse to drop a tail: the slot recomputes its tokens as a
+        # prompt (seq.tokens is the truth), and this request drafts no more.
+        log.warning("slot %d: the KV cache refused to drop %d draft cells; recomputing", slot.id, len(slot.kv.tokens) - n)
+        slot.kv.clear()
+        if slot.job is not None and slot.seq.speculator is not None:
+            slot.seq.speculator.controller.disable("the KV cache cannot drop draft cells in place")
 
     # -- ending requests ------------------------------------------------------------------------------------------------
     def _end(self, slot: Slot, error: EdgerunError | None) -> None:

@@ -11,7 +11,7 @@ import queue
 import threading
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from runtime.errors import EdgerunError
 from runtime.generation import Result, Truncation
@@ -35,6 +35,7 @@ class GenRequest:
     truncate: bool = False
     truncations: list[Truncation] = field(default_factory=list)  # already made (chat turns dropped), reported too
     preemptible: bool = True
+    speculate: bool = True  # draft and verify (where the engine speculates); False: plain decoding for this request
 
 
 @dataclass
@@ -43,6 +44,9 @@ class EngineResult(Result):
 
     queue_ms: float = 0.0  # from submit to the first admission into a slot
     preemptions: int = 0  # times the request gave its slot to an urgent one and was resumed
+    # speculative decoding for this request (runtime.speculative.SpecStats.to_dict: drafter, enabled, on, steps,
+    # drafted, accepted, acceptance, mean_draft); declared here too so the engine's result has it in any case
+    speculation: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

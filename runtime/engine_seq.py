@@ -16,14 +16,17 @@ from runtime.generation import Truncation, _find_stop
 from runtime.kv import Reuse
 from runtime.metrics import peak_rss_bytes
 from runtime.sampling import SamplingParams
+from runtime.speculative import SpecStats, Speculator
 
 
 class SeqState:
     """``tokens``: what the slot's KV cache must hold, then the pending token (sampled, not yet decoded)."""
 
     def __init__(self, handle: GenHandle, req: GenRequest, tokens: list[int], params: SamplingParams, n_keep: int,
-                 truncations: list[Truncation]) -> None:
+                 truncations: list[Truncation], speculator: Speculator | None = None) -> None:
+        """``speculator``: this request's drafter and controller (None: plain decoding, one token per step)."""
         self.handle = handle
+        self.speculator = speculator
         self.n_prompt_in = len(req.prompt)
         self.tokens = tokens
         self.params = params
@@ -103,8 +106,14 @@ class SeqState:
             prefix_cache=prefix_cache,
             queue_ms=((self.t_admit or t_end) - self.t_submit) * 1000,
             preemptions=self.preemptions,
+            speculation=self.spec_stats().to_dict(),
         )
         return piece, result
+
+    def spec_stats(self) -> SpecStats:
+        """What speculation did for this request (disabled: an empty record)."""
+        spec = self.speculator
+        return spec.controller.stats if spec is not None else SpecStats()
 
     def close(self) -> None:
         sampler, self.sampler = self.sampler, None

@@ -44,18 +44,23 @@ def _init_backend() -> None:
 
 @dataclass(frozen=True)
 class Row:
-    """Tokens of one sequence for one :meth:`LlamaCppBatch.decode`: ``tokens`` at positions ``start..``."""
+    """Tokens of one sequence for one :meth:`LlamaCppBatch.decode`: ``tokens`` at positions ``start..``.
+
+    ``logits``: keep the last token's logits (to sample from); ``logits_all``: keep every token's (a sampled token
+    and the draft after it, verified by sampling at each position: runtime/speculative.py)."""
 
     seq: int
     tokens: Sequence[int]
     start: int
-    logits: bool  # keep the last token's logits (to sample from)
+    logits: bool
+    logits_all: bool = False
 
 
 class LlamaCppBatch:
     """One llama.cpp model and context holding ``plan.n_slots`` sequences. Close it to free native memory."""
 
     name = BackendName.LLAMACPP.value
+    can_speculate = True  # Row.logits_all and sample(sampler, index): drafts verified per sequence
     # The vocabulary side is llama.cpp's own, as the single-sequence backend reads it (they use only
     # ``_vocab``, ``_piece`` and ``_specials``): one implementation of each.
     token_bytes = LlamaCppBackend.token_bytes
@@ -140,28 +145,31 @@ class LlamaCppBatch:
 
     # -- the sequences ----------------------------------------------------------------------------------------------
     def decode(self, rows: Sequence[Row]) -> list[int]:
-        """Evaluate every row in one ``llama_decode``; for each row, the index of its logits (-1: none kept).
+        """Evaluate every row in one ``llama_decode``; for each row, the batch index of its logits (-1: none kept):
+        of its last token, or with ``logits_all`` of its first (token i's logits at that index + i).
 
         The rows together hold at most ``n_batch`` tokens (one micro-batch: llama.cpp then either keeps all of
         them or, on failure, none)."""
         batch, n, where = self._batch, 0, []
         for row in rows:
-            seq, pos = row.seq, row.start
+            seq, pos, first, every = row.seq, row.start, n, row.logits_all
+            if n + len(row.tokens) > self.n_batch:
+                raise ValueError(f"more than {self.n_batch} tokens in one step, the batch holds {self.n_batch}")  # the engine's bug
             for token in row.tokens:
                 batch.token[n] = token
                 batch.pos[n] = pos
                 batch.n_seq_id[n] = 1
                 batch.seq_id[n][0] = seq
-                batch.logits[n] = False
+                batch.logits[n] = every
                 n += 1
                 pos += 1
-            if row.logits and row.tokens:
+            if every and row.tokens:
+                where.append(first)
+            elif row.logits and row.tokens:
                 batch.logits[n - 1] = True
                 where.append(n - 1)
             else:
                 where.append(-1)
-        if n > self.n_batch:
-            raise ValueError(f"{n} tokens in one step, the batch holds {self.n_batch}")  # the engine's bug, not input
         if not n:
             return where
         batch.n_tokens = n
