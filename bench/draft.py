@@ -1,15 +1,15 @@
 """Does a draft model pay? Decode tokens/s of the default bundle with and without its q4_0 self-speculation draft.
 
-In one process (the target and the draft loaded once, the same threads): per prompt, greedy generations plain
-(no speculation), with prompt lookup (the default), with the draft model under the adaptive controller (what
-``--draft`` gives), and with the draft model forced to draft k tokens every step (k = 1..4: the acceptance rate
-and the cost, whatever the controller would decide). Repeats are interleaved and the median is reported, with the
-load average beside (other processes on the machine compete for its cores), and the CPU time per generated token
-of the whole request (prefill included, the draft's own prefill too): with one thread it is what the request
-costs, whatever else runs. Greedy text is compared with the
-plain run's for every mode. Prints a table; ``--json`` writes bench/results/draft.json.
+In one process (the target and the draft loaded once, the same threads): per prompt, greedy generations plain (no
+speculation), with prompt lookup (the default), with the draft model under the adaptive controller (one controller
+for all requests, as ``--draft`` gives, and a fresh one per request), and with the draft model forced to draft k
+tokens every step (the acceptance rate and the cost, whatever the controller would decide). Repeats are
+interleaved and the median is reported, with the load average beside (other processes compete for the cores), and
+the CPU time per generated token of the whole request (prefill included, the draft's too): with one thread it is
+what the request costs, whatever else runs. Greedy text is compared with the plain run's for every mode. Prints a
+table; ``--json`` writes bench/results/draft.json.
 
-    python bench/draft.py [--threads 2] [--tokens 128] [--repeats 3] [--json]
+    python bench/draft.py [--threads 1] [--tokens 128] [--repeats 3] [--forced 1 2 3 4] [--json]
 """
 
 from __future__ import annotations
@@ -62,10 +62,12 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         draft = make_draft(target.path(), Path(tmp) / "draft-q4_0.gguf")
         llm = LLM.load(target, memory="1G", ctx=2048, threads=args.threads, draft=str(draft.path))
+        shared = Speculator(llm.draft)
         modes = {
             "plain": lambda: None,
             "prompt-lookup (default)": lambda: Speculator(PromptLookup()),
-            "draft, adaptive (--draft)": lambda: Speculator(llm.draft),
+            "draft, adaptive, fresh": lambda: Speculator(llm.draft),
+            "draft, adaptive (--draft)": lambda: shared,  # one controller for every request, as LLM.load gives
             **{f"draft, forced k={k}": (lambda k=k: Speculator(llm.draft, Fixed(k))) for k in args.forced},
         }
         params = SamplingParams(temperature=0.0, max_tokens=args.tokens, seed=1)
