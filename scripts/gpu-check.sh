@@ -79,7 +79,11 @@ build_wheel() {
     [[ -f "$WORK/src/pyproject.toml" ]] || die 4 "missing $BUNDLE/$SDIST_NAME; run here first: scripts/gpu-check.sh prepare"
     local arch; arch="$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -1 | tr -d ' .')"
     [[ "$arch" =~ ^[0-9]+$ ]] || die 3 "cannot read the GPU's compute capability"
-    say "building llama-cpp-python $LLAMA_VERSION with CUDA for sm_$arch on $(nproc) cores"
+    if ! command -v nvcc >/dev/null && [[ -x /usr/local/cuda/bin/nvcc ]]; then
+        export PATH="$PATH:/usr/local/cuda/bin"  # CMake finds the CUDA compiler on the PATH
+    fi
+    command -v nvcc >/dev/null || die 5 "no nvcc: CUDA's compiler is needed to build llama.cpp's CUDA backend"
+    say "building llama-cpp-python $LLAMA_VERSION with CUDA for sm_$arch on $(nproc) cores ($(nvcc --version | tail -1))"
     local t0=$SECONDS
     # The flags; only this GPU's architecture (a build for every arch outlasts a device call). The carried
     # scikit-build-core comes first on the path: the same build back-end whatever the image holds.

@@ -43,7 +43,7 @@ def ort_part() -> dict:
     from tests.runtime.modelgen import matmul_onnx
 
     try:
-        placement = resolve_placement("ort", "gpu", threads=1)
+        placement = resolve_placement(BackendName.ORT, "gpu", threads=1)
         with tempfile.TemporaryDirectory() as tmp, ORTBackend(matmul_onnx(Path(tmp) / "m.onnx"), None, placement) as b:
             offload = b.offload()
         out["run"] = {"placement": placement.summary(), "offload": str(offload)}
@@ -74,7 +74,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args(argv)
     result = {}
-    for name, part in (("onnxruntime", ort_part), ("litert", litert_part)):
+    from devices.backends import BackendName
+
+    for name, part in ((BackendName.ORT.value, ort_part), (BackendName.LITERT.value, litert_part)):
         try:
             result[name] = part()
         except Exception as exc:  # report, do not fail the check

@@ -31,18 +31,36 @@ def speed_table(speed: dict) -> list[str]:
         pre, dec = r.get("prefill_tps"), r.get("decode_tps")
         vs = (f"{pre / ref['prefill_tps']:.2f}x / {dec / ref['decode_tps']:.2f}x" if pre and dec and ref else "-")
         placement = r.get("placement") or {}
-        offload = (placement.get("offload") if isinstance(placement, dict) else None) or r.get("llama_log") or "-"
+        off = placement.get("offload") if isinstance(placement, dict) else None
+        offload = (f"{off['on_accelerator']}/{off['total']} {off['unit']} {off['by_device']}" if isinstance(off, dict)
+                   else r.get("llama_log") or "-")
         result = r.get("result", "?")
         if "workaround" in r:
             result += f" (then {r['workaround']['result']} with llama_cpp imported first: a workaround, not a fix)"
         rows.append(f"| {name} | {result} | {offload} | {pre if pre is None else round(pre, 1)} |"
                     f" {dec if dec is None else round(dec, 1)} | {vs} | {_mib(r.get('gpu_mem_delta_bytes'))} |")
+    runs = speed.get("runs", {})
+    for side in ("gpu", "cpu"):
+        theirs = runs.get(f"raw-{side}", {})
+        for variant in ("-plain", ""):
+            ours = runs.get(f"edgerun-{side}{variant}", {})
+            if ours.get("decode_tps") and theirs.get("decode_tps"):
+                spec = ours.get("speculation") or {}
+                rows.append(f"\nedgerun{variant or ' (as shipped)'} / raw library on this machine, {side}: prefill"
+                            f" {ours['prefill_tps'] / theirs['prefill_tps']:.2f}x, decode"
+                            f" {ours['decode_tps'] / theirs['decode_tps']:.2f}x (speculation on: {spec.get('on')},"
+                            f" acceptance {spec.get('acceptance')})")
     return rows
 
 
 def main(argv: list[str]) -> int:
     res = Path(argv[0])
-    out = ["# edgerun GPU check (scripts/gpu-check.sh)", "", "## Machine", "", "```", _read(res / "facts.txt", 40), "```", ""]
+    dry = (res / "facts.txt").exists() and (res / "facts.txt").read_text().startswith("DRY RUN")
+    out = ["# edgerun GPU check (scripts/gpu-check.sh)", ""]
+    if dry:
+        out += ["**DRY RUN (GPU_CHECK_DRY=1): CPU only, a tiny model; no number here is a GPU result, and the ratios"
+                " to issue 20's raw figures are meaningless.**", ""]
+    out += ["## Machine", "", "```", _read(res / "facts.txt", 40), "```", ""]
     out += ["## Crash bisection", "", _read(res / "matrix" / "matrix.md", 80), ""]
     for name in ("loadorder.txt", "bindings.txt", "inits.txt", "unique.txt", "backtrace.txt"):
         if (res / "matrix" / name).exists():
@@ -51,6 +69,14 @@ def main(argv: list[str]) -> int:
     if speed_file.exists():
         speed = json.loads(speed_file.read_text())
         out += ["## Speed and placement (500-token prompt, 128 greedy tokens)", "", *speed_table(speed), ""]
+        for name, r in speed.get("runs", {}).items():
+            device = (r.get("plan") or {}).get("device") if isinstance(r.get("plan"), dict) else None
+            if device:
+                out.append(f"- {name}: the planner's device total {_mib(device['device_bytes'])} (of which"
+                           f" {_mib(device['device'].get('runtime (CUDA context, estimate)'))} estimated CUDA context),"
+                           f" host total {_mib(device['host_bytes'])}; the GPU's memory in use rose by"
+                           f" {_mib(r.get('gpu_mem_delta_bytes'))} during the run (nvidia-smi)")
+        out.append("")
         plan = speed.get("plan") or {}
         if plan:
             keep = {k: plan[k] for k in plan if k.endswith("_bytes") or k in ("n_ctx", "kv_type", "fits", "device")}

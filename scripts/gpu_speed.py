@@ -6,7 +6,9 @@ Runs, each in a fresh process:
 1. ``edgerun plan M --json`` (the planner's terms, device and host apart);
 2. ``edgerun run M --target gpu --require-accelerator --json`` with a 500-token prompt and 128 greedy tokens, the GPU's
    used memory sampled meanwhile (nvidia-smi); if it dies of a signal (issue 20's crash), once more with llama_cpp
-   imported before edgerun, labelled as that workaround, so the offload is still measured;
+   imported before edgerun, labelled as that workaround, so the offload is still measured; as shipped (speculation
+   on: a random model's greedy text repeats, which prompt lookup drafts well) and with --no-speculate (like for like
+   with the raw library's decode);
 3. the same with ``--target cpu`` (all cores);
 4. the raw library as its README shows (``Llama(...)``, ``create_completion``; llama_cpp imported first), all layers
    on the GPU and then ``n_gpu_layers=0``, timed by llama.cpp's own counters (llama_perf_context).
@@ -156,6 +158,10 @@ def edgerun_cmd(model: str, target: str, prompt: str, threads: int | None) -> li
     return cmd
 
 
+def save(out: Path, results: dict) -> None:
+    (out / "speed.json").write_text(json.dumps(results, indent=1, default=str))
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     mode = p.add_mutually_exclusive_group(required=True)
@@ -177,9 +183,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"plan: {outcome(rc)}", flush=True)
 
     targets = ["cpu"] if args.dry else ["gpu", "cpu"]
-    for target in targets:
-        name = f"edgerun-{target}"
+    for target, plain in [(t, p) for t in targets for p in (False, True)]:
+        # As shipped (speculation on), and plain decoding: like for like with the raw library's decode.
+        name = f"edgerun-{target}" + ("-plain" if plain else "")
         cmd = [py, *edgerun_cmd(args.model, target, prompt, threads if target == "cpu" else None)]
+        if plain:
+            cmd.append("--no-speculate")
         with GpuMemory() as mem:
             rc, data, wall = run(cmd, args.out / f"{name}.log", args.timeout)
         entry = {"result": outcome(rc), "wall_s": round(wall, 1), "gpu_mem_delta_bytes": mem.peak_delta(),
@@ -197,6 +206,7 @@ def main(argv: list[str] | None = None) -> int:
             if key in data:
                 entry[key] = data[key]
         results["runs"][name] = entry
+        save(args.out, results)  # after each run: a step timeout keeps what was measured
         print(f"{name}: {entry['result']} prefill {data.get('prefill_tps')} decode {data.get('decode_tps')}"
               f" {entry.get('placement', {}).get('offload') if isinstance(entry.get('placement'), dict) else ''}", flush=True)
 
@@ -210,8 +220,7 @@ def main(argv: list[str] | None = None) -> int:
         results["runs"][name] = {"result": outcome(rc), **data, "gpu_mem_delta_bytes": mem.peak_delta(),
                                  "llama_log": layers_line(args.out / f"{name}.log")}
         print(f"{name}: {outcome(rc)} prefill {data.get('prefill_tps')} decode {data.get('decode_tps')}", flush=True)
-
-    (args.out / "speed.json").write_text(json.dumps(results, indent=1, default=str))
+        save(args.out, results)
     print("speed: " + ", ".join(f"{k} {v['result']}" for k, v in results["runs"].items()))
     return 0
 
