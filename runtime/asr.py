@@ -8,7 +8,9 @@ no timestamps, no conditioning on earlier text): the latency a voice turn needs.
 
 :class:`StreamingTranscriber` runs on the audio as it arrives: ``feed`` appends to a growing buffer and,
 once ``partial_every_s`` of new audio has come in, decodes the whole buffer again and returns the partial
-transcript; ``finish`` decodes it once more and returns the final one. The buffer holds at most
+transcript; ``finish`` returns the final one, decoding once more unless the last decode is known to be final (only
+quiet came after it). With ``pause_s`` it also decodes at each pause in speech: the one streaming transcriber behind
+the voice assistant (apps/voice) as well as the module's own users. The buffer holds at most
 ``max_seconds`` (Whisper's 30 s window by default); audio past it is dropped and the result says so.
 
     asr = ASR.load(threads=2)
@@ -162,8 +164,9 @@ class ASR:
         text = " ".join(s.text.strip() for s in parts if s.text.strip())
         return Transcript(text, seconds, elapsed, max((s.no_speech_prob for s in parts), default=1.0))
 
-    def stream(self, *, partial_every_s: float = 0.5, max_seconds: float = WINDOW_S) -> StreamingTranscriber:
-        return StreamingTranscriber(self, partial_every_s=partial_every_s, max_seconds=max_seconds)
+    def stream(self, *, partial_every_s: float = 0.5, max_seconds: float = WINDOW_S,
+               pause_s: float | None = None) -> StreamingTranscriber:
+        return StreamingTranscriber(self, partial_every_s=partial_every_s, max_seconds=max_seconds, pause_s=pause_s)
 
     def close(self) -> None:
         self._model = None
@@ -176,15 +179,28 @@ class ASR:
 
 
 class StreamingTranscriber:
-    """Partial transcripts over a growing buffer of one utterance (see the module docstring)."""
+    """Partial transcripts over a growing buffer of one utterance (see the module docstring).
 
-    def __init__(self, asr: ASR, *, partial_every_s: float = 0.5, max_seconds: float = WINDOW_S) -> None:
-        if not partial_every_s > 0 or not 0 < max_seconds <= 600:
-            raise BadInput(f"streaming ASR: partial_every_s must be > 0 and max_seconds in (0, 600], got "
-                           f"{partial_every_s}, {max_seconds}")
+    Whisper cannot extend a decode, so a partial transcript is of use to the final one only when nothing was said
+    after it. ``finish`` reuses the last decode when it is known that only quiet came after it: the caller says where
+    speech ended (``speech_end_s``, the VAD's end event), or, with ``pause_s``, the stream watched the level itself.
+    With ``pause_s`` the whole buffer is also decoded as soon as it has been quiet that long after speech (in the
+    caller's thread, while a VAD waits out its hangover), so that the transcript is ready when the end of speech is
+    confirmed, not a decode later; speech after that pause makes the next pause (or ``finish``) decode again."""
+
+    QUIET_RMS = 0.1  # a block below this fraction of the loudest block so far (and below QUIET_FLOOR) is quiet
+    QUIET_FLOOR = 0.01  # -40 dBFS
+
+    def __init__(self, asr: ASR, *, partial_every_s: float = 0.5, max_seconds: float = WINDOW_S,
+                 pause_s: float | None = None) -> None:
+        if not partial_every_s > 0 or not 0 < max_seconds <= 600 or not (pause_s is None or 0 < pause_s <= 10):
+            raise BadInput(f"streaming ASR: partial_every_s must be > 0, max_seconds in (0, 600] and pause_s in (0, 10] "
+                           f"or None, got {partial_every_s}, {max_seconds}, {pause_s}")
         self.asr = asr
         self.partial_every = int(partial_every_s * RATE)
+        self.pause = None if pause_s is None else int(pause_s * RATE)
         self._buf = np.zeros(int(max_seconds * RATE), np.float32)
+        self.decodes = 0  # over the stream's life
         self.reset()
 
     def reset(self) -> None:
@@ -193,6 +209,9 @@ class StreamingTranscriber:
         self.truncated = False
         self.partial = ""
         self._last: Transcript | None = None  # the last partial decode
+        self._quiet = 0  # samples of quiet at the end of the buffer
+        self._loudest = 0.0  # rms of the loudest block fed
+        self._loud_after = True  # something loud came after the last decode (or there was none)
 
     @property
     def seconds(self) -> float:
@@ -209,24 +228,41 @@ class StreamingTranscriber:
             x = x[:room]
         self._buf[self._n : self._n + len(x)] = x
         self._n += len(x)
-        if self._n - self._decoded_at < self.partial_every:
+        rms = float(np.sqrt(np.mean(np.square(x)))) if len(x) else 0.0
+        self._loudest = max(self._loudest, rms)
+        if rms < max(self.QUIET_FLOOR, self.QUIET_RMS * self._loudest):
+            self._quiet += len(x)
+        elif len(x):
+            self._quiet, self._loud_after = 0, True
+        paused = (self.pause is not None and self._quiet >= self.pause and self._loud_after
+                  and self._loudest > self.QUIET_FLOOR)
+        if not paused and self._n - self._decoded_at < self.partial_every:
             return None
-        self._decoded_at = self._n
-        self._last = self.asr.transcribe(self._buf[: self._n])
-        self.partial = self._last.text
+        self._decode()
         return self.partial
+
+    def _decode(self) -> Transcript:
+        self._last = self.asr.transcribe(self._buf[: self._n])
+        self._decoded_at, self._loud_after = self._n, False
+        self.partial = self._last.text
+        self.decodes += 1
+        return self._last
 
     def finish(self, *, speech_end_s: float | None = None) -> Transcript:
         """The final transcript of everything fed since the last reset; the stream is reset for the next utterance.
 
         ``speech_end_s``: where speech ended, in seconds from the first sample fed (the VAD's end event). When the
         last partial already decoded the audio through that point, only silence came after it, and that partial is
-        the final transcript without another decode (a Whisper decode is ~0.5 s on two cores: the turn's latency)."""
-        covered = speech_end_s is not None and self._decoded_at > 0 and self._decoded_at >= speech_end_s * RATE
-        if covered and self._last is not None:
+        the final transcript without another decode (a Whisper decode is ~0.5 s on two cores: the turn's latency).
+        Without it, a stream made with ``pause_s`` reuses the last decode when nothing loud was fed after it."""
+        if speech_end_s is not None:
+            final = self._decoded_at > 0 and self._decoded_at >= speech_end_s * RATE
+        else:
+            final = self.pause is not None and not self._loud_after
+        if final and self._last is not None:
             t = Transcript(self._last.text, self._n / RATE, 0.0, self._last.no_speech_prob)
         else:
-            t = self.asr.transcribe(self._buf[: self._n])
+            t = self._decode()
         if self.truncated:
             t = Transcript(t.text, t.seconds, t.elapsed_s, t.no_speech_prob, truncated=True)
         self.reset()

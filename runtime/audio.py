@@ -151,17 +151,26 @@ class OpenWakeWordFrontEnd:
         # (where openWakeWord's heads look for the word): one window's worth in front, OWW_TAIL_SECONDS behind.
         front = OWW_MIN_SAMPLES
         samples = np.concatenate([np.zeros(front, np.float32), samples, np.zeros(int(OWW_TAIL_SECONDS * rate), np.float32)])
-        mel = self.mel((samples * 32767.0).astype(np.float32)) / 10.0 + 2.0
+        mel = self.features(samples)
         starts = range(0, len(mel) - OWW_MEL_WINDOW + 1, OWW_MEL_STEP)
-        emb = np.concatenate([
-            self._embedding.run(np.stack([mel[s : s + OWW_MEL_WINDOW] for s in starts[i : i + OWW_EMBEDDING_BATCH]])[..., None])
-            for i in range(0, len(starts), OWW_EMBEDDING_BATCH)
-        ]).reshape(len(starts), OWW_EMBEDDING_SIZE)
+        emb = self.embed(mel, starts)
         n = len(emb) - OWW_EMBEDDINGS + 1
         x = np.stack([emb[i : i + OWW_EMBEDDINGS] for i in range(n)]).astype(np.float32)
         last_frame = np.array([starts[i + OWW_EMBEDDINGS - 1] + OWW_MEL_WINDOW for i in range(n)])
         ends = np.maximum(((last_frame - 1) * OWW_HOP_SAMPLES + OWW_FFT_SAMPLES - front) / rate, 0.0)
         return Windows(x, ends)
+
+    def features(self, samples: np.ndarray) -> np.ndarray:
+        """openWakeWord's mel features of float samples (-1..1): one row of 32 per frame (see :meth:`mel`)."""
+        return self.mel((samples * 32767.0).astype(np.float32)) / 10.0 + 2.0
+
+    def embed(self, features: np.ndarray, starts: Sequence[int]) -> np.ndarray:
+        """The speech embedding (N, 96) of the OWW_MEL_WINDOW feature rows from each of ``starts``, run
+        OWW_EMBEDDING_BATCH windows at a time."""
+        return np.concatenate([
+            self._embedding.run(np.stack([features[s : s + OWW_MEL_WINDOW] for s in starts[i : i + OWW_EMBEDDING_BATCH]])[..., None])
+            for i in range(0, len(starts), OWW_EMBEDDING_BATCH)
+        ]).reshape(len(starts), OWW_EMBEDDING_SIZE)
 
     def mel(self, pcm: np.ndarray) -> np.ndarray:
         """Mel frames (no hop padding: frame f covers samples f*hop .. f*hop+fft) of int16-scaled samples, computed

@@ -2,7 +2,7 @@
 the LLM leased per turn (its requests at URGENT priority, see apps/voice/conversation.py).
 
 :class:`WakeWordDetector` runs an openWakeWord audio bundle (``edgerun convert audio zoo:openwakeword-...``) on the
-live stream: a rolling buffer of one classifier window plus one hop, scored every hop. The openWakeWord models are
+live stream (apps/voice/wake.py, shared with the Wyoming server), scored every hop. The openWakeWord models are
 licensed for non-commercial use only (CC BY-NC-SA 4.0); say so to whoever picks one.
 """
 
@@ -17,7 +17,8 @@ import numpy as np
 
 from apps.voice.pipeline import Models
 from apps.voice.plan import ESPEAK
-from apps.voice.types import FRAME_SAMPLES, SAMPLE_RATE
+from apps.voice.types import SAMPLE_RATE
+from apps.voice.wake import WakeStream
 from runtime.errors import BadInput
 from runtime.residency import ResidencyManager
 
@@ -25,14 +26,16 @@ log = logging.getLogger(__name__)
 
 WAKE_HOP_FRAMES = 5  # score every 160 ms (openWakeWord steps 80 ms; a wake word lasts ~0.6 s)
 ASR_PARTIAL_EVERY_S = 1.5  # a partial transcript per 1.5 s of speech: bounded CPU on a 2-core board
+# The transcript is decoded after this much quiet following speech (runtime.asr.StreamingTranscriber's pause_s), while
+# the VAD waits out its 0.48 s hangover: ready when the end of speech is confirmed, not a decode later.
+ASR_PAUSE_S = 0.16
 
 
 class WakeWordDetector:
-    """A detector audio bundle (one output: the wake word's probability) on 16 kHz frames."""
+    """A detector audio bundle (one output: the wake word's probability) on the pipeline's 16 kHz frames, scored
+    every WAKE_HOP_FRAMES frames by the shared streaming detector (apps/voice/wake.py)."""
 
     def __init__(self, classifier: Any, name: str, threshold: float | None = None) -> None:
-        from runtime.audio import OWW_MIN_SAMPLES
-
         if not classifier.is_detector:
             raise BadInput(f"--wake-word {name}: {classifier.model.manifest.ref} is a {len(classifier.labels)}-class audio "
                            "model, not a wake-word detector (one output)")
@@ -40,89 +43,32 @@ class WakeWordDetector:
             raise BadInput(f"--wake-word {name}: the model takes {classifier.spec.sample_rate} Hz audio; the assistant "
                            f"listens at {SAMPLE_RATE} Hz")
         self.classifier, self.name = classifier, name
-        self.threshold = classifier.spec.threshold if threshold is None else threshold
-        self.hop = WAKE_HOP_FRAMES * FRAME_SAMPLES
-        self._buf = np.zeros(OWW_MIN_SAMPLES + self.hop, np.float32)
-        self.reset()
+        self.stream = WakeStream(classifier, threshold=threshold)
+        self.threshold = self.stream.threshold
+        self._frames: list[np.ndarray] = []
 
     def reset(self) -> None:
-        self._buf[:] = 0.0
-        self._new = 0
+        self.stream.reset()
+        self._frames.clear()
 
     def detect(self, frame: np.ndarray) -> float | None:
-        n = len(frame)
-        self._buf = np.roll(self._buf, -n)
-        self._buf[-n:] = frame
-        self._new += n
-        if self._new < self.hop:
+        self._frames.append(frame)
+        if len(self._frames) < WAKE_HOP_FRAMES:
             return None
-        fresh, self._new = self._new, 0
-        w = self.classifier.frontend.windows(self._buf, SAMPLE_RATE)
-        keep = w.ends > (len(self._buf) - fresh) / SAMPLE_RATE  # windows ending in the new audio (and the tail pad)
-        if not keep.any():
-            return None
-        score = float(self.classifier.scores(w.x[keep])[:, 0].max())
-        if score < self.threshold:
+        hits = self.stream.feed(self.classifier, np.concatenate(self._frames))
+        self._frames.clear()
+        if not hits:
             return None
         self.reset()  # the same utterance does not fire twice
-        return score
-
-
-class PauseTranscriber:
-    """One utterance's transcript, decoded while the VAD is still waiting out its hangover.
-
-    Whisper cannot extend a decode, so a partial transcript is of no use to the final one unless nothing was said
-    after it. Here the audio is watched as it is fed: once it has been quiet for PAUSE_S after speech, the whole
-    buffer is decoded at once (in the ASR stage's thread, while the VAD's ~0.5 s hangover runs). When the end of speech
-    is then confirmed and nothing loud came after that decode, :meth:`finish` returns it without decoding again: the
-    transcript is ready when the VAD decides, not a decode later. Speech after the pause makes the next pause (or
-    finish) decode again. Besides, a partial every ``partial_every_s`` of speech is decoded (logged by the pipeline)."""
-
-    PAUSE_S = 0.16  # quiet after speech that is worth a decode (the VAD's hangover is 0.48 s)
-    QUIET_RMS = 0.1  # a frame below this fraction of the loudest frame so far (and below -40 dBFS) is quiet
-
-    def __init__(self, asr: Any, partial_every_s: float = ASR_PARTIAL_EVERY_S, max_seconds: float = 30.0) -> None:
-        self.asr, self.partial_every = asr, int(partial_every_s * SAMPLE_RATE)
-        self._buf = np.zeros(int(max_seconds * SAMPLE_RATE), np.float32)
-        self._n = self._quiet = self._decoded_n = 0
-        self._loudest = 0.0
-        self._decoded: Any = None  # the last decode, and whether anything loud came after it
-        self._loud_after = True
-        self.decodes = 0
-
-    def feed(self, samples: np.ndarray) -> str | None:
-        x = np.asarray(samples, np.float32)[: len(self._buf) - self._n]
-        self._buf[self._n : self._n + len(x)] = x
-        self._n += len(x)
-        rms = float(np.sqrt(np.mean(x**2))) if len(x) else 0.0
-        self._loudest = max(self._loudest, rms)
-        if rms < max(0.01, self.QUIET_RMS * self._loudest):
-            self._quiet += len(x)
-        else:
-            self._quiet, self._loud_after = 0, True
-        paused = self._quiet >= self.PAUSE_S * SAMPLE_RATE and self._loud_after and self._loudest > 0.01
-        if paused or self._n - self._decoded_n >= self.partial_every:
-            return self._decode().text
-        return None
-
-    def _decode(self) -> Any:
-        self._decoded = self.asr.transcribe(self._buf[: self._n])
-        self._decoded_n, self._loud_after = self._n, False
-        self.decodes += 1
-        return self._decoded
-
-    def finish(self) -> Any:
-        if self._decoded is not None and not self._loud_after:
-            return self._decoded  # nothing but quiet since: that decode is the transcript
-        return self._decode()
+        return hits[0].score
 
 
 class _Recognizer:
     def __init__(self, asr: Any) -> None:
         self.asr = asr
 
-    def stream(self) -> PauseTranscriber:
-        return PauseTranscriber(self.asr)
+    def stream(self) -> Any:
+        return self.asr.stream(partial_every_s=ASR_PARTIAL_EVERY_S, pause_s=ASR_PAUSE_S)
 
 
 @contextlib.contextmanager

@@ -33,7 +33,6 @@ import contextlib
 import ipaddress
 import json
 import logging
-import math
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -53,6 +52,7 @@ from wyoming.wake import Detect, Detection, NotDetected
 
 from apps.voice.sentences import SentenceCutter
 from apps.voice.types import SAMPLE_RATE
+from apps.voice.wake import WakeStream
 from runtime.errors import BadInput, EdgerunError, one_line
 from runtime.resample import resample
 from runtime.tts import MAX_CHARS as TTS_MAX_CHARS
@@ -65,9 +65,6 @@ MAX_EVENT_BYTES = 1 << 20  # an event's header, data or payload (Home Assistant 
 MAX_TRANSCRIBE_SECONDS = 60.0  # one transcribe request's audio (a voice command is a few seconds)
 MAX_SYNTHESIZE_CHARS = TTS_MAX_CHARS  # one synthesize request's text
 CHUNK_SAMPLES = 1024  # audio-chunk size of synthesized speech (as wyoming-piper sends)
-WAKE_STEP_SECONDS = 0.24  # wake-word scoring runs every 3 openWakeWord positions (80 ms each)
-WAKE_CONTEXT_SECONDS = 2.0  # audio kept before the new part: one openWakeWord window (1.98 s)
-WAKE_REFRACTORY_SECONDS = 1.0  # after a detection, the same word is not reported again this soon
 EDGERUN = Attribution(name="edgerun", url="")  # the program (no public URL); models name their own makers
 
 
@@ -96,48 +93,6 @@ class Served:
     @property
     def shown(self) -> str:
         return self.public or self.name
-
-
-class WakeListener:
-    """Streaming wake-word detection with an openWakeWord detector (runtime.audio_classifier.AudioClassifier).
-
-    Samples at the model's rate go in as they arrive; every WAKE_STEP_SECONDS the front end runs over the new part
-    with WAKE_CONTEXT_SECONDS of audio before it, and the detector scores the windows that end in the new part (a
-    window ending in the front end's silent tail padding is scored on the next step, with the real audio). Memory:
-    the context plus one step, whatever the stream's length."""
-
-    def __init__(self, rate: int) -> None:
-        self.rate = rate
-        self._buf = np.zeros(0, np.float32)
-        self._pending = 0  # samples at the end of _buf not yet scored
-        self._seen = 0  # samples fed so far
-        self._last_hit = -math.inf
-
-    def feed(self, detector: Any, x: np.ndarray, *, final: bool = False) -> list[float]:
-        """Seconds from the stream's start at which the word ends, for each detection in the windows scored now."""
-        self._buf = np.concatenate([self._buf, x.astype(np.float32, copy=False)])
-        self._pending += len(x)
-        self._seen += len(x)
-        if self._pending == 0 or (self._pending < WAKE_STEP_SECONDS * self.rate and not final):
-            return []
-        n = len(self._buf)
-        w = detector.frontend.windows(self._buf, self.rate)
-        new_from, upto = (n - self._pending) / self.rate, n / self.rate
-        keep = (w.ends > new_from) & ((w.ends <= upto) | final)
-        hits: list[float] = []
-        if keep.any():
-            scores = detector.scores(w.x[keep])[:, 0]
-            offset = (self._seen - n) / self.rate
-            for end, score in zip(w.ends[keep], scores, strict=True):
-                at = offset + float(end)
-                if score >= detector.spec.threshold and at - self._last_hit >= WAKE_REFRACTORY_SECONDS:
-                    self._last_hit = at
-                    hits.append(at)
-        # keep the context, and the part whose windows end in the tail padding (scored next time)
-        scored_upto = n if final or not keep.any() else min(n, int(round(float(w.ends[keep].max()) * self.rate)))
-        self._pending = n - scored_upto
-        self._buf = self._buf[max(0, scored_upto - int(WAKE_CONTEXT_SECONDS * self.rate)) :]
-        return hits
 
 
 class WyomingService:
@@ -208,15 +163,18 @@ class WyomingService:
                     return
                 yield samples, rate
 
-    def wake_rate(self) -> int:
-        assert self.wake is not None
-        with self.models.acquire(self.wake.name) as detector:
-            return int(detector.spec.sample_rate)
-
-    def detect(self, listener: WakeListener, samples: np.ndarray, final: bool) -> list[float]:
+    def wake_stream(self) -> WakeStream:
+        """A new stream's wake-word state (apps/voice/wake.py: the assistant's own detector); its ``rate`` is the
+        model's."""
         assert self.wake is not None
         with self.models.acquire(self.wake.name) as detector, self._locks[self.wake.name]:
-            return listener.feed(detector, samples, final=final)
+            return WakeStream(detector)
+
+    def detect(self, listener: WakeStream, samples: np.ndarray, final: bool) -> list[float]:
+        """Seconds from the stream's start at which the wake word ends, for each detection the samples complete."""
+        assert self.wake is not None
+        with self.models.acquire(self.wake.name) as detector, self._locks[self.wake.name]:
+            return [hit.at_s for hit in listener.feed(detector, samples, final=final)]
 
 
 # -- the speech models (runtime.asr.ASR, runtime.tts voices): the two calls the server makes ---------------------------------
@@ -296,7 +254,7 @@ class _Stream:
     fmt: tuple[int, int, int] | None = None  # rate, width, channels (fixed by audio-start or the first chunk)
     converter: AudioChunkConverter | None = None
     pcm: bytearray | None = None  # transcribe: 16-bit mono at the stream's rate
-    listener: WakeListener | None = None
+    listener: WakeStream | None = None
     detected: bool = False
     refused: bool = False  # refused once: the rest of the stream is dropped until audio-stop
     language: str | None = None
@@ -427,9 +385,8 @@ class WyomingHandler(AsyncEventHandler):
             stream.converter = AudioChunkConverter(width=2, channels=1)
             stream.pcm = bytearray()
         else:
-            model_rate = await asyncio.to_thread(self.service.wake_rate)
-            stream.converter = AudioChunkConverter(rate=model_rate, width=2, channels=1)
-            stream.listener = WakeListener(model_rate)
+            stream.listener = await asyncio.to_thread(self.service.wake_stream)
+            stream.converter = AudioChunkConverter(rate=stream.listener.rate, width=2, channels=1)
 
     async def _chunk(self, chunk: AudioChunk) -> None:
         stream = self._stream_for_audio()
