@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import stat
 import sys
 from pathlib import Path
@@ -69,6 +70,20 @@ def test_without_piper_or_espeak_ng_the_error_names_both(monkeypatch: pytest.Mon
         load_tts()
     with pytest.raises(MissingDependency, match=r"edgerun\[voice-piper\]"):
         load_tts(fallback=False)
+
+
+@pytest.mark.skipif(shutil.which("espeak-ng") is None, reason="Debian's espeak-ng is not installed (apt-get install espeak-ng)")
+@pytest.mark.parametrize("text", ["The capital of France is Paris.", "Turn on the kitchen lights please."])
+def test_the_real_espeak_ng_fallback_speaks_what_whisper_hears_back(monkeypatch: pytest.MonkeyPatch, text: str) -> None:
+    monkeypatch.setitem(sys.modules, "piper", None)  # as if piper-tts were not installed: load_tts falls back
+    voice = load_tts()
+    assert isinstance(voice, EspeakTTS)
+    chunks = list(voice.speak(text))
+    x = np.concatenate([c.samples for c in chunks])
+    assert chunks[0].rate == 22050 and x.dtype == np.float32 and 0.1 < float(np.abs(x).max()) <= 1.0
+    assert 0.5 < len(x) / chunks[0].rate < 5.0  # a spoken sentence, not a click or a minute of silence
+    heard = shared("asr").transcribe(resample(x, chunks[0].rate, RATE)).text
+    assert word_error_rate(text, heard) <= 0.2, heard
 
 
 def test_the_fallback_runs_espeak_ng_with_the_text_on_stdin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -4,6 +4,7 @@ bad input and output, and the whole assistant on real models: a spoken question 
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -96,3 +97,29 @@ def test_spoken_question_in_spoken_answer_out(capsys, tmp_path: Path, smollm) ->
     answer, rate = read_wav(tmp_path / "a.wav")
     assert len(answer) / rate > 0.5 and float(np.abs(answer).max()) > 0.05  # a spoken answer, not silence
     assert not (tmp_path / "a.wav.part").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("espeak-ng") is None, reason="Debian's espeak-ng is not installed (apt-get install espeak-ng)")
+def test_the_espeak_ng_voice_answers_end_to_end(capsys, tmp_path: Path, smollm) -> None:
+    """``--tts espeak-ng``: the whole assistant speaks through Debian's espeak-ng program, and what it said is heard
+    back by Whisper (runtime.asr) as the sentences the LLM wrote."""
+    import re
+
+    from runtime.audio import load_audio
+    from tests.runtime.speech_clips import shared, silence, spoken
+
+    question = np.concatenate([silence(0.5), spoken("What is the capital of France?"), silence(0.3)])
+    write_wav(tmp_path / "q.wav", question, RATE)
+    rc, out, err = run(capsys, "--input", str(tmp_path / "q.wav"), "--output", str(tmp_path / "a.wav"),
+                       "--tts", "espeak-ng", "--memory", "4G", "--json")
+    assert rc == 0, err
+    events = [json.loads(line) for line in out.splitlines()]
+    said = " ".join(e["text"] for e in events if e.get("mark") == "first_sentence")
+    assert said, events
+    heard = shared("asr").transcribe(load_audio(tmp_path / "a.wav", RATE).samples).text
+
+    def words(text: str) -> set[str]:
+        return set(re.findall(r"[a-z]+", text.lower()))
+
+    assert len(words(said) & words(heard)) >= 0.6 * len(words(said)), (said, heard)
