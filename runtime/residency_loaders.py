@@ -44,6 +44,8 @@ def _options(spec: Any, valid: tuple[str, ...]) -> dict[str, Any]:
             raise BadInput(f"{spec.name}: option {name}={value!r} must be a positive whole number")
         if name == "prefix_cache_bytes" and not (whole and value >= 0):
             raise BadInput(f"{spec.name}: option prefix_cache_bytes={value!r} must be bytes >= 0")
+        if name == "speculate" and not isinstance(value, bool):
+            raise BadInput(f"{spec.name}: option speculate={value!r} must be true or false")
         if name == "kv_type" and value not in {k.value for k in KVType}:
             raise BadInput(f"{spec.name}: option kv_type={value!r} is not one of: {', '.join(k.value for k in KVType)}")
     return opts
@@ -61,9 +63,9 @@ def _agrees(spec: Any, obj: Any, planned: int) -> Any:
 class LLMLoader:
     """kind "llm": a GGUF model as runtime.engine.Engine (continuous batching). Options: ctx (per slot), slots
     (default the engine's), max_queued (requests waiting per priority class), threads, target, kv_type,
-    prefix_cache_bytes."""
+    prefix_cache_bytes, speculate (True/False)."""
 
-    OPTIONS = ("ctx", "slots", "max_queued", "threads", "target", "kv_type", "prefix_cache_bytes")
+    OPTIONS = ("ctx", "slots", "max_queued", "threads", "target", "kv_type", "prefix_cache_bytes", "speculate")
 
     def __init__(self) -> None:
         self._plans: dict[tuple[Any, ...], tuple[Any, Any]] = {}
@@ -95,7 +97,8 @@ class LLMLoader:
         if _key(spec) not in self._plans:
             self.plan_bytes(spec, budget)
         model, plan = self._plans[_key(spec)]
-        opts = {k: v for k, v in spec.options.items() if k in ("ctx", "threads", "target", "max_queued") and v is not None}
+        opts = {k: v for k, v in spec.options.items()
+                if k in ("ctx", "threads", "target", "max_queued", "speculate") and v is not None}
         # The planner's own choices, so that it makes this plan again within the smaller budget.
         obj = Engine.load(model, memory=budget, slots=plan.n_slots, kv_type=plan.kv_type,
                           prefix_cache_bytes=plan.prefix_cache_bytes, **opts)

@@ -24,6 +24,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="API keys, one a line, each optionally followed by the best priority it may use")
     parser.add_argument("--config", metavar="FILE", help="serve.toml: models, limits, keys, CORS, canaries, filters")
     parser.add_argument("--slots", type=integer(1, 256), metavar="N", help="LLM sequences decoded together (default 4)")
+    parser.add_argument("--no-speculate", dest="speculate", action="store_false", default=None,
+                        help="no speculative decoding (by default each slot drafts from its own text by prompt lookup "
+                             "and verifies the draft in the step's batch, adaptively)")
 
 
 def model_entry(text: str):
@@ -58,7 +61,8 @@ def build_config(args: argparse.Namespace):
     cfg.models = cli + [m for m in cfg.models if m.name not in names]
     if not cfg.models:
         cfg.models = [ModelEntry(name="default", ref="default", pinned=True, keep_alive=-1)]
-    for flag, value in (("host", args.host), ("port", args.port), ("memory", args.memory), ("slots", args.slots)):
+    for flag, value in (("host", args.host), ("port", args.port), ("memory", args.memory), ("slots", args.slots),
+                        ("speculate", args.speculate)):
         if value is not None:
             setattr(cfg, flag, value)
     if args.api_key_file is not None:

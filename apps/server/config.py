@@ -4,6 +4,7 @@
     port = 8080
     memory = "1G"                 # one budget for every resident model (default: the board's share of RAM)
     slots = 4                     # LLM sequences decoded together
+    speculate = true              # speculative decoding per slot (prompt-lookup drafts); false: one token per step
     api_keys_file = "keys.txt"    # one key a line, optionally followed by the best priority it may ask for
     cors_origins = []             # CORS stays off unless origins are listed
 
@@ -104,6 +105,7 @@ class ServeConfig:
     port: int = DEFAULT_PORT
     memory: int | None = None  # bytes; None: the board profile's default budget
     slots: int = 4
+    speculate: bool = True  # LLM engines draft and verify per slot (runtime/engine.py)
     api_keys_file: Path | None = None
     cors_origins: tuple[str, ...] = ()
     models: list[ModelEntry] = field(default_factory=list)
@@ -149,6 +151,8 @@ def parse_config(data: dict[str, Any], base: Path = Path(".")) -> ServeConfig:
         cfg.memory = _size("memory", top["memory"], minimum=1)
     if "slots" in top:
         cfg.slots = _int("slots", top["slots"], 1, 256)
+    if "speculate" in top:
+        cfg.speculate = _typed("speculate", top["speculate"], bool, "true or false")
     if "api_keys_file" in top:
         cfg.api_keys_file = base / _typed("api_keys_file", top["api_keys_file"], str, "a file path")
     if "cors_origins" in top:

@@ -17,6 +17,8 @@ Names (units in the name, as Prometheus asks):
   edgerun_model_planned_bytes{model,version,kind}, edgerun_memory_plan_bytes{part=used|reserve|budget},
   edgerun_process_rss_bytes, edgerun_device_temperature_celsius,
   edgerun_tokens_per_second{model} (completion tokens over the last ``rate_window_s``)   gauges
+  edgerun_spec_drafted_total{model}, edgerun_spec_accepted_total{model}   counters, speculative decoding: draft
+  tokens verified and accepted; edgerun_spec_acceptance_ratio{model} (accepted / drafted)   gauge
 """
 
 from __future__ import annotations
@@ -67,6 +69,8 @@ class ServerMetrics:
       are ignored)
     - ``caches() -> {"prefix"|"result": {"hits": n, "misses": n}}`` cumulative counts kept elsewhere (the
       ResultCache's and the engine's stats), added to those given to :meth:`count_cache`
+    - ``speculation() -> {model: {"drafted": n, "accepted": n}}`` cumulative draft tokens verified and accepted
+      (the engines' stats)
     - ``rss() -> bytes`` (default: this process's resident set), ``temperature() -> °C | None`` (default: the
       CPU's thermal zone)
     """
@@ -77,13 +81,14 @@ class ServerMetrics:
                  resident: Callable[[], Sequence[Mapping[str, Any]]] | None = None,
                  memory: Callable[[], Mapping[str, int]] | None = None,
                  caches: Callable[[], Mapping[str, Mapping[str, int]]] | None = None,
+                 speculation: Callable[[], Mapping[str, Mapping[str, int]]] | None = None,
                  rss: Callable[[], int] | None = rss_bytes,
                  temperature: Callable[[], float | None] | None = device_temperature_c,
                  rate_window_s: float = 30.0, clock: Callable[[], float] = time.monotonic) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
         self.sources: dict[str, Callable[[], Any] | None] = {}
-        self.bind(queue_depth=queue_depth, slots_busy=slots_busy, resident=resident, memory=memory, caches=caches, rss=rss,
-                  temperature=temperature)
+        self.bind(queue_depth=queue_depth, slots_busy=slots_busy, resident=resident, memory=memory, caches=caches,
+                  speculation=speculation, rss=rss, temperature=temperature)
         self.rate_window_s, self.clock = rate_window_s, clock
         self._lock = threading.Lock()
         self._cache_counts: dict[tuple[str, str], int] = defaultdict(int)
@@ -101,7 +106,7 @@ class ServerMetrics:
 
     def bind(self, **sources: Callable[[], Any] | None) -> None:
         """Set or replace sources after construction (the engine may be built after the metrics)."""
-        valid = ("queue_depth", "slots_busy", "resident", "memory", "caches", "rss", "temperature")
+        valid = ("queue_depth", "slots_busy", "resident", "memory", "caches", "speculation", "rss", "temperature")
         for name, fn in sources.items():
             if name not in valid:
                 raise TypeError(f"unknown metrics source {name!r}; valid: {', '.join(valid)}")
@@ -201,6 +206,21 @@ class _StateCollector(Collector):
             for prio, n in depth.items():
                 queue.add_metric([model, label(prio)], n)
         yield queue
+
+        drafted = CounterMetricFamily("edgerun_spec_drafted", "Speculative decoding: draft tokens verified", labels=["model"])
+        accepted = CounterMetricFamily("edgerun_spec_accepted", "Speculative decoding: draft tokens accepted",
+                                       labels=["model"])
+        ratio = GaugeMetricFamily("edgerun_spec_acceptance_ratio", "Speculative decoding: accepted / drafted tokens",
+                                  labels=["model"])
+        for model, counts in sorted((m._read("speculation") or {}).items()):
+            n, ok = int(counts.get("drafted", 0)), int(counts.get("accepted", 0))
+            drafted.add_metric([model], n)
+            accepted.add_metric([model], ok)
+            if n:  # no drafts yet: no ratio, rather than a made-up 0
+                ratio.add_metric([model], ok / n)
+        yield drafted
+        yield accepted
+        yield ratio
 
         busy = GaugeMetricFamily("edgerun_slots_busy", "Decode slots in use, per model", labels=["model"])
         for model, n in (m._read("slots_busy") or {}).items():

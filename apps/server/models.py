@@ -34,7 +34,7 @@ def kind_of(entry: ModelEntry) -> str:
     return resolve(entry.ref).manifest.kind.value
 
 
-def spec_of(entry: ModelEntry, kind: str, slots: int, max_queued: int) -> ModelSpec:
+def spec_of(entry: ModelEntry, kind: str, slots: int, max_queued: int, speculate: bool = True) -> ModelSpec:
     bad = sorted(set(entry.options) - set(OPTIONS[kind]))
     if bad:
         raise BadInput(f"model {entry.name!r} ({kind}): option {bad[0]!r} does not apply (valid: {', '.join(OPTIONS[kind])})")
@@ -42,6 +42,7 @@ def spec_of(entry: ModelEntry, kind: str, slots: int, max_queued: int) -> ModelS
     if kind == "llm":
         options.setdefault("slots", slots)
         options["max_queued"] = max_queued
+        options["speculate"] = speculate
     keep = None if entry.keep_alive < 0 else entry.keep_alive
     return ModelSpec(entry.name, entry.ref, kind, pinned=entry.pinned, keep_alive_s=keep, options=options)
 
@@ -57,7 +58,7 @@ class Models:
 
     def add(self, entry: ModelEntry) -> None:
         kind = kind_of(entry)
-        self.manager.add(spec_of(entry, kind, self.config.slots, self.config.limits.max_queued))
+        self.manager.add(spec_of(entry, kind, self.config.slots, self.config.limits.max_queued, self.config.speculate))
         self.kinds[entry.name] = kind
 
     def load_pinned(self) -> None:

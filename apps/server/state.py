@@ -32,7 +32,7 @@ class ServerState:
         self.models = models if models is not None else Models(config)
         self.metrics = ServerMetrics(queue_depth=self._queue_depth, slots_busy=self._slots_busy,
                                      resident=self.models.resident, memory=self.models.manager.stats,
-                                     caches=self._cache_counts)
+                                     caches=self._cache_counts, speculation=self._spec_counts)
         f = config.filters
         filters: list[Any] = [SizeLimit(f.max_chars)]
         if f.blocklist:
@@ -117,6 +117,11 @@ class ServerState:
                 prefix[kind] += int(cache.get(kind, 0))
         out["prefix"] = prefix
         return out
+
+    def _spec_counts(self) -> dict[str, dict[str, int]]:
+        """Speculative decoding per served name: draft tokens verified and accepted (the engines' counts)."""
+        return {name: {"drafted": int(stats.get("spec_drafted", 0)), "accepted": int(stats.get("spec_accepted", 0))}
+                for name, stats in self._llm_stats().items()}
 
     def _queue_depth(self) -> dict[str, dict[str, int]]:
         out = {}
