@@ -79,6 +79,8 @@ class MicSource:
     audio); when the pipeline falls behind, the oldest are dropped and counted, never an unbounded backlog."""
 
     MAX_QUEUED_S = 4.0
+    MAX_SILENT_S = 2.0  # no frame for this long: the device is gone
+    POLL_S = 0.25
 
     def __init__(self, device: str | int | None = None) -> None:
         try:
@@ -114,14 +116,29 @@ class MicSource:
                 pass
 
     def frames(self) -> Iterator[AudioChunk]:
+        """Frames as recorded. A live input delivers one every 32 ms: when none came for MAX_SILENT_S, or PortAudio
+        says the stream stopped, the device is gone (unplugged), a fatal StageError; a device that vanishes with
+        its stream still "active" (ALSA may simply stop calling back) is not waited on for ever."""
+        waited = 0.0
         while True:
             try:
-                frame = self._queue.get(timeout=2.0)
+                frame = self._queue.get(timeout=self.POLL_S)
             except queue.Empty:
-                if not self._stream.active:  # the device went away (unplugged) or the stream stopped
-                    raise StageError(Stage.INPUT, "the microphone stopped delivering audio (disconnected?)", fatal=True) from None
+                waited += self.POLL_S
+                if not self._active() or waited >= self.MAX_SILENT_S:
+                    why = f"no audio for {waited:.1f} s" if waited >= self.MAX_SILENT_S else "the stream stopped"
+                    status = f"; PortAudio: {self._status}" if self._status else ""
+                    raise StageError(Stage.INPUT, f"the microphone stopped delivering audio ({why}{status}; "
+                                     "disconnected?)", fatal=True) from None
                 continue
+            waited = 0.0
             yield AudioChunk(frame, SAMPLE_RATE, time.monotonic())
+
+    def _active(self) -> bool:
+        try:
+            return bool(self._stream.active)
+        except Exception:  # PortAudio's own error on a stream whose device has gone
+            return False
 
     def close(self) -> None:
         try:
