@@ -109,3 +109,26 @@ def test_sliding_window_layers_keep_their_own_kv_size_on_either_side(tmp_path: P
         assert split.host.get("KV cache", 0) + split.device.get("KV cache", 0) == plan.kv_bytes
     last = split_by_device(plan, info, 2, unified=False)  # the output layer and layer 5 (global: n_ctx cells)
     assert last.device["KV cache"] == int(plan.kv_bytes_per_token * plan.n_ctx)
+
+
+def test_a_load_whose_backend_put_layers_on_a_gpu_carries_the_split(tmp_path: Path) -> None:
+    """open_llm splits the plan by the offload the backend measured (here a fake that reports the output layer and
+    the last two layers on CUDA0), so `edgerun run --json` shows host and device apart."""
+    from runtime.backends.base import Offload
+    from runtime.loader import open_llm
+    from tests.runtime.fake_backend import FakeBackend
+
+    path = write_tiny(tmp_path / "untied.gguf", n_layer=N_LAYER, n_embd=N_EMBD, vocab=VOCAB, kv_tensors=True,
+                      edit=_with_output)
+
+    class OnGpu(FakeBackend):
+        def offload(self) -> Offload:
+            return Offload("layers", 3, N_LAYER + 1, by_device=(("CPU", 2), ("CUDA0", 3)))
+
+    opened = open_llm(str(path), memory="1G", ctx=256, kv_type=None, threads=1, target="cpu",
+                      require_accelerator=False, prefix_cache_bytes=None, backend=lambda *_: OnGpu())
+    split = opened.plan.device
+    assert split is not None and split.layers_on_device == 3 and not split.unified  # this machine: no Jetson
+    info = read_gguf(path)
+    assert split.device["weights"] == _bytes(info, lambda n: _layer(n) in {2, 3} or n.startswith("output"))
+    assert opened.plan.to_dict()["device"]["device_bytes"] == split.device_bytes
