@@ -500,3 +500,77 @@ def test_transcript_decoded_in_the_pause_is_final_when_only_quiet_follows() -> N
     _feed(stream, np.concatenate([spoken("Set a timer"), silence(0.3), spoken("for ten minutes."), 0.3 * tone(0.1)]))
     n = stream.decodes
     assert n >= 1 and "minutes" in stream.finish().text.lower() and stream.decodes == n + 1
+
+
+class _Flaky:
+    """Wraps a frame stage (VAD or wake word): raises on frames ``bad`` (by count), as a model that fails a while."""
+
+    def __init__(self, inner: Any, bad: range) -> None:
+        self.inner, self.bad, self.n = inner, bad, 0
+        self.name = getattr(inner, "name", "flaky")
+
+    def reset(self) -> None:
+        self.inner.reset()
+
+    def _step(self) -> None:
+        self.n += 1
+        if self.n in self.bad:
+            raise BackendError(f"frame {self.n} failed")
+
+    def feed(self, frame: np.ndarray) -> Any:
+        self._step()
+        return self.inner.feed(frame)
+
+    def detect(self, frame: np.ndarray) -> Any:
+        self._step()
+        return self.inner.detect(frame)
+
+
+class _ToneWake:
+    """A "wake word": a 600 Hz tone (0.2 s)."""
+
+    name = "tone"
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.run = 0
+
+    def detect(self, frame: np.ndarray) -> float | None:
+        spectrum = np.abs(np.fft.rfft(frame))
+        self.run = self.run + 1 if abs(int(np.argmax(spectrum)) * SAMPLE_RATE / len(frame) - 600) < 40 else 0
+        return 1.0 if self.run >= 4 else None
+
+
+class _BrokenOnce(WavSink):
+    """A sink that fails on the first turn's audio (a speaker that refused a rate), then plays."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path)
+        self.failed = False
+
+    def write(self, chunk: AudioChunk) -> None:
+        if not self.failed:
+            self.failed = True
+            raise StageError(Stage.OUTPUT, "cannot play on speaker (default) at 22050 Hz: device busy")
+        super().write(chunk)
+
+
+def test_wake_vad_and_output_failures_are_reported_once_and_listening_goes_on(tmp_path: Path) -> None:
+    engine = ScriptedEngine(lambda q: f"Answer to {q}.")
+    voice = ToneVoice()
+    wake, vad = _Flaky(_ToneWake(), range(3, 40)), _Flaky(EnergyVad(), range(60, 90))
+    sink = _BrokenOnce(tmp_path / "out.wav")
+    turn = [tone(0.3, 600), quiet(0.3), tone(0.5), quiet(1.0)]  # the "wake word", then the question
+    events: list[TurnEvent] = []
+    pipe = Pipeline(Models(vad=vad, asr=ScriptedAsr(["one", "two", "three"]), llm=engine.lease, tts=voice, wake=wake),
+                    sink, on_event=events.append)
+    # the wake word fails for its first 37 frames (1.2 s: the first turn is not heard), the VAD a while later
+    results = pipe.run(WavSource(wav(tmp_path, quiet(0.1), *turn * 4), realtime=True).frames())
+    assert [(e.stage, e.turn) for e in pipe.errors] == [(Stage.WAKE, None), (Stage.VAD, None), (Stage.OUTPUT, 1)], pipe.errors
+    assert all("\n" not in str(e) and "failed" in str(e) for e in pipe.errors[:2])
+    assert [r.transcript for r in results] == ["one", "two", "three"]
+    by_turn = {r.turn: r for r in results}
+    assert by_turn[1].error == "output: output stage failed: cannot play on speaker (default) at 22050 Hz: device busy"
+    assert by_turn[2].error is None and by_turn[3].error is None and sink.seconds == pytest.approx(0.4, abs=0.05)
