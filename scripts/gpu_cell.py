@@ -8,6 +8,7 @@ ORDER says what is loaded before llama.cpp's model load, in this order:
     llama     llama_cpp, then numpy (llama_cpp imports it)      (issue 20: fine)
     errors    runtime.errors, then llama_cpp                    (issue 20: fine)
     edgerun   edgerun's own path: runtime.llm.LLM.load (what `edgerun run` does)
+    edgerun-llama  llama.cpp's libraries (llama_cpp.llama_cpp) first, then edgerun's own path: the candidate fix
     openblas  only numpy's bundled OpenBLAS (ctypes, no numpy import), then llama_cpp
     gomp      libgomp.so.1 with RTLD_GLOBAL, then numpy, then llama_cpp
     ggml      llama.cpp's own libggml-base/-cpu (as llama_cpp loads them), then numpy, then llama_cpp
@@ -124,6 +125,10 @@ def preload(order: str) -> list[str]:
         import numpy  # noqa: F401
 
         done.append("numpy")
+    elif order == "edgerun-llama":
+        import llama_cpp.llama_cpp  # noqa: F401 - only the native libraries, before edgerun imports numpy
+
+        done.append("llama_cpp.llama_cpp")
     elif order not in ("llama", "edgerun"):
         raise SystemExit(f"gpu_cell: unknown order {order!r}")
     return done
@@ -141,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.monotonic()
     before = preload(args.order)
     result: dict = {"order": args.order, "preloaded": before, "gpu_layers": args.gpu_layers}
-    if args.order == "edgerun":
+    if args.order in ("edgerun", "edgerun-llama"):
         from runtime.llm import LLM
 
         target = "gpu" if args.gpu_layers else "cpu"

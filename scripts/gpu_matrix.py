@@ -62,6 +62,8 @@ def cells(dry: bool) -> list[Cell]:
         Cell("llama-first", "llama", gpu_layers=gl, why="the issue's working order"),
         Cell("errors-first", "errors", gpu_layers=gl, why="issue: runtime.errors first is fine"),
         Cell("edgerun", "edgerun", gpu_layers=gl, why="edgerun's own load path (runtime.llm.LLM.load)"),
+        Cell("edgerun, llama.cpp libs first", "edgerun-llama", gpu_layers=gl,
+             why="the candidate fix: edgerun loads llama.cpp's libraries before numpy's"),
         Cell("openblas-first", "openblas", gpu_layers=gl, why="H1: numpy's OpenBLAS (threads, TLS, memory) alone"),
         Cell("gomp+numpy", "gomp", gpu_layers=gl, why="H2: OpenMP runtime loaded first, globally"),
         Cell("ggml+numpy", "ggml", gpu_layers=gl, why="H2/H4: ggml's CPU libraries (and their libgomp) first"),
@@ -298,7 +300,8 @@ def verdict(rows: list[Cell]) -> str:
     if not crashed(base) and not crashed(by["edgerun"]):
         return ("verdict: the crash did NOT reproduce (numpy-first " + base.result + ", edgerun " + by["edgerun"].result
                 + "): compare the facts (numpy, driver, build) with issue 20's")
-    fixes = [c.name for c in rows if c.order in ("numpy", "gomp", "ggml", "cuda", "openblas") and c.result == "ok"]
+    fixes = [c.name for c in rows
+             if c.order in ("numpy", "gomp", "ggml", "cuda", "openblas", "edgerun-llama") and c.result == "ok"]
     still = [c.name for c in rows if crashed(c)]
     return f"verdict: crash reproduced ({base.result}); loads fine: {', '.join(fixes) or 'none'}; crashes: {', '.join(still)}"
 

@@ -68,7 +68,8 @@ def test_the_verdict_names_what_turned_the_crash_into_a_load() -> None:
         cell.result = "SIGSEGV" if cell.rc else "ok"
     verdict = matrix.verdict(rows)
     assert verdict.startswith("verdict: crash reproduced (SIGSEGV)")
-    assert "loads fine: openblas-first, gomp+numpy, ggml+numpy, cuda+numpy, numpy-first OPENBLAS=1;" in verdict
+    assert ("loads fine: edgerun, llama.cpp libs first, openblas-first, gomp+numpy, ggml+numpy, cuda+numpy,"
+            " numpy-first OPENBLAS=1;") in verdict
     assert "numpy-first OPENBLAS=1" not in verdict.split("crashes:")[1]
     for cell in rows:
         cell.rc, cell.result = 0, "ok"
