@@ -40,6 +40,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompt-tokens", type=tokens, metavar="N", help="LLM: prompt tokens of the prefill test ppN (default 512)")
     parser.add_argument("--gen-tokens", type=tokens, metavar="N", help="LLM: tokens of the decode test tgN (default 128)")
     parser.add_argument("--memory", type=size(), metavar="SIZE", help="LLM: memory budget (default: the board profile's share)")
+    parser.add_argument("--draft", metavar="MODEL", help="LLM: speculation row with this draft model instead of prompt lookup")
     parser.add_argument("--target", default="auto", help="cpu, gpu, npu or auto (default: auto)")
     parser.add_argument("--require-accelerator", action="store_true")
     parser.add_argument("--json", action="store_true")
@@ -55,7 +56,7 @@ def _main_llm(args: argparse.Namespace, model: Any) -> int:
         raise BadInput(f"--prompt-tokens {prompt} + --gen-tokens {gen} is over {MAX_BENCH_TOKENS}: "
                        "they share one context; give at most that many in all")
     report = bench_llm.measure(model, list(args.threads), prompt, gen, args.runs or RUNS["llm"], memory=args.memory,
-                               target=args.target, require_accelerator=args.require_accelerator)
+                               target=args.target, require_accelerator=args.require_accelerator, draft=args.draft)
     if args.json:
         print_json(report)
     else:
@@ -115,8 +116,8 @@ def main(args: argparse.Namespace) -> int:
     model = resolve(args.model)
     if model.manifest.kind is ModelKind.LLM:
         return _main_llm(args, model)
-    refuse_flags(args, ("prompt_tokens", "gen_tokens", "memory"), model,
-                 "it takes --runs, --batch and --threads; --prompt-tokens, --gen-tokens and --memory are for LLMs")
+    refuse_flags(args, ("prompt_tokens", "gen_tokens", "memory", "draft"), model,
+                 "it takes --runs, --batch and --threads; --prompt-tokens, --gen-tokens, --memory and --draft are for LLMs")
     runs, batch = args.runs or RUNS["classifier"], args.batch or BATCH
     rows = [measure(model, t, runs, batch, args.target, args.require_accelerator) for t in args.threads]
     if args.json:

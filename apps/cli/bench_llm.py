@@ -90,14 +90,17 @@ def speculation_supported() -> bool:
     return "speculate" in inspect.signature(LLM.load).parameters
 
 
-def speculation(ref: Any, threads: int, gen_tokens: int, runs: int, common: dict[str, Any]) -> dict[str, Any]:
-    """Decode tokens/s on :data:`SPEC_PROMPT`, greedy, with speculation off and on (a fresh load each)."""
+def speculation(ref: Any, threads: int, gen_tokens: int, runs: int, common: dict[str, Any], draft: Any = None) -> dict[str, Any]:
+    """Decode tokens/s on :data:`SPEC_PROMPT`, greedy, with speculation off and on (a fresh load each; on: prompt
+    lookup, or the ``draft`` model). The adaptive controller keeps its state across the runs of one load, as it
+    does in a long-running process: the warm-up run lets it settle."""
     from runtime.llm import LLM
 
-    out: dict[str, Any] = {"threads": threads, "test": f"tg{gen_tokens} repetitive"}
+    out: dict[str, Any] = {"threads": threads, "test": f"tg{gen_tokens} repetitive", "drafter": "draft model" if draft else "prompt lookup"}
     texts = {}
     for name, on in (("off", False), ("on", True)):
-        with LLM.load(ref, threads=threads, speculate=on, prefix_cache_bytes=0, **common) as llm:
+        extra = {"draft": draft} if on and draft else {}
+        with LLM.load(ref, threads=threads, speculate=on, prefix_cache_bytes=0, **common, **extra) as llm:
             params = llm.params(temperature=0.0, repeat_penalty=1.0, max_tokens=gen_tokens, seed=0)
             llm.generate(SPEC_PROMPT, params)  # warm-up
             results = [llm.generate(SPEC_PROMPT, params) for _ in range(runs)]
@@ -119,11 +122,15 @@ def context_for(prompt_tokens: int, gen_tokens: int, spec_tokens: int) -> int:
 
 
 def measure(ref: Any, threads_list: list[int], prompt_tokens: int, gen_tokens: int, runs: int, *, memory: Any = None,
-            target: str = "auto", require_accelerator: bool = False) -> dict[str, Any]:
+            target: str = "auto", require_accelerator: bool = False, draft: Any = None) -> dict[str, Any]:
     from runtime.llm import LLM
 
     if not prompt_tokens and not gen_tokens:
         raise BadInput("--prompt-tokens and --gen-tokens are both 0: nothing to measure (give either a positive count)")
+    if draft is not None and not (speculation_supported() and "draft" in inspect.signature(LLM.load).parameters):
+        raise BadInput("--draft: this build's LLM takes no draft model (no speculative decoding); leave --draft out")
+    if draft is not None and not gen_tokens:
+        raise BadInput("--draft with --gen-tokens 0: the draft model speeds up decoding, give --gen-tokens N")
     load1 = os.getloadavg()[0]
     common = {"memory": memory, "target": target, "require_accelerator": require_accelerator}
     rows: list[dict[str, Any]] = []
@@ -146,7 +153,7 @@ def measure(ref: Any, threads_list: list[int], prompt_tokens: int, gen_tokens: i
         report["speculation"], report["speculation_absent"] = None, "this build's LLM has no speculate option"
     else:
         spec_common = {**common, "ctx": context_for(0, gen_tokens, spec_len)}
-        report["speculation"] = [speculation(ref, t, gen_tokens, runs, spec_common) for t in threads_list]
+        report["speculation"] = [speculation(ref, t, gen_tokens, runs, spec_common, draft) for t in threads_list]
     report["load_at_end"] = os.getloadavg()[0]
     return report
 
@@ -165,4 +172,10 @@ def print_report(report: dict[str, Any]) -> None:
                 f"on {s['on']['decode_tps']:.2f} ± {s['on']['stddev']:.2f} t/s")
         if s["speed_up"] is not None:
             line += f", speed-up {s['speed_up']:.2f}x"
+        stats = s.get("stats")
+        if stats:
+            line += (f" ({s['drafter']}: {stats.get('accepted', 0)}/{stats.get('drafted', 0)} drafted tokens accepted, "
+                     f"speculation {'on' if stats.get('on') else 'off'} at the end)")
+        if not s["text_identical"]:
+            line += "; GREEDY TEXT DIFFERS with speculation"
         print(line)
