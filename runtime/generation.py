@@ -248,6 +248,7 @@ class Generation:
                 ctl.disable("the KV cache cannot drop draft cells in place")
             if ctl is not None:
                 self.spec.on = ctl.on
+                self.spec.expected_speedup = ctl.expected_speedup()
 
 
 def answer_room(max_tokens: int, n_ctx: int) -> int:

@@ -157,6 +157,9 @@ class SpecStats:
     steps: int = 0  # verify batches (steps that carried a draft)
     drafted: int = 0  # draft tokens verified
     accepted: int = 0  # of them, accepted by the target
+    # the controller's expected speed-up over plain decoding at the end, from its measured acceptance and step
+    # costs (1.0 while off: plain decoding)
+    expected_speedup: float = 1.0
 
     @property
     def acceptance(self) -> float:
@@ -175,7 +178,7 @@ class SpecStats:
     def to_dict(self) -> dict[str, Any]:
         return {"drafter": self.drafter, "enabled": self.enabled, "on": self.on, "steps": self.steps,
                 "drafted": self.drafted, "accepted": self.accepted, "acceptance": round(self.acceptance, 4),
-                "mean_draft": round(self.mean_draft, 3)}
+                "mean_draft": round(self.mean_draft, 3), "expected_speedup": round(self.expected_speedup, 3)}
 
 
 def expected_tokens(alpha: float, k: int) -> float:
@@ -273,6 +276,10 @@ class Adaptive:
         else:
             return 0
         return k if limit is None else min(k, limit)
+
+    def expected_speedup(self) -> float:
+        """The speed-up over plain decoding that the controller expects now (1.0 while off or disabled)."""
+        return self.best_k()[1] if self.on and not self.disabled and self._plain_seen >= self.WARMUP else 1.0
 
     def _switch(self, on: bool, ratio: float) -> None:
         self.on = on
