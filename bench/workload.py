@@ -240,7 +240,7 @@ def run_edgerun(job: dict[str, Any]) -> dict[str, Any]:
             yield from gen
             r = gen.result
             spec = {k: v for k, v in r.to_dict().items() if "spec" in k or "draft" in k}
-            return {"tokens": r.tokens_out, "stop": r.stop_reason, "reused_tokens": r.reused_tokens,
+            return {"tokens": r.tokens_out, "stop": r.stop_reason, "prompt_tokens": r.tokens_in, "reused_tokens": r.reused_tokens,
                     "reuse_source": r.reuse_source, **spec}
 
         turns = _replay(sessions, job["order"], ask)
@@ -312,6 +312,18 @@ def summarize(run: dict[str, Any]) -> dict[str, Any]:
             "peak_rss_mib": run["peak_rss_bytes"] / 2**20, "threads": run["threads"]}
 
 
+def edgerun_detail(run: dict[str, Any]) -> dict[str, Any]:
+    """Where edgerun's time went: prompt tokens reused (and from where), speculation drafted and accepted."""
+    turns = run["turns"]
+    sources: dict[str, int] = {}
+    for t in turns:
+        sources[t["reuse_source"]] = sources.get(t["reuse_source"], 0) + 1
+    spec = [t.get("speculation") or {} for t in turns]
+    return {"prompt_tokens": sum(t["prompt_tokens"] for t in turns), "reused_tokens": sum(t["reused_tokens"] for t in turns),
+            "reuse_sources": sources, "drafted": sum(s.get("drafted", 0) for s in spec),
+            "accepted": sum(s.get("accepted", 0) for s in spec), "speculation_on_at_end": sum(bool(s.get("on")) for s in spec)}
+
+
 def compare(edgerun: dict[str, Any], raw: dict[str, Any]) -> dict[str, Any]:
     """Greedy text per turn, matched by (session, turn); the first mismatch in replay order is shown."""
     theirs = {(t["session"], t["turn"]): t["text"] for t in raw["turns"]}
@@ -374,6 +386,11 @@ def print_table(report: dict[str, Any]) -> None:
                 f"{same['turns'] - same['mismatches']}/{same['turns']} turns")
         print(line)
         _print_mismatch(same["first_mismatch"], "raw")
+        d = o["edgerun_detail"]
+        print(f"{'':<12}edgerun reused {d['reused_tokens']}/{d['prompt_tokens']} prompt tokens (turns by source: "
+              + ", ".join(f"{k} {v}" for k, v in sorted(d["reuse_sources"].items()))
+              + f"); speculation accepted {d['accepted']}/{d['drafted']} drafted tokens, on at the end of "
+              f"{d['speculation_on_at_end']}/{same['turns']} turns")
         if "greedy_vs_control" in o:
             ctl = o["greedy_vs_control"]
             print(f"{'':<12}control (raw with flash_attn=True, edgerun's attention kernel; {o[CONTROL]['effective_tps']:.1f} tok/s): "
@@ -449,7 +466,8 @@ def _bench(args: argparse.Namespace) -> int:
         runs["raw"] = spawn("raw", job)
         e, r = summarize(runs["edgerun"]), summarize(runs["raw"])
         result = {"edgerun": e, "raw": r, "ratio": e["effective_tps"] / r["effective_tps"] if r["effective_tps"] else 0.0,
-                  "greedy": compare(runs["edgerun"], runs["raw"]), "runs": runs}
+                  "greedy": compare(runs["edgerun"], runs["raw"]), "edgerun_detail": edgerun_detail(runs["edgerun"]),
+                  "runs": runs}
         if args.control:
             runs[CONTROL] = spawn("raw", {**job, "flash_attn": True})
             result[CONTROL] = summarize(runs[CONTROL])

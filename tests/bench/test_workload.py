@@ -118,6 +118,9 @@ def test_smoke_both_sides_on_one_turn(smollm, tmp_path, capsys) -> None:
         for t in run["turns"]:
             assert 1 <= t["tokens"] <= 6 and 0 < t["ttft_s"] <= t["wall_s"] and t["text"]
     assert o["edgerun"]["tokens"] > 0 and o["ratio"] > 0
+    d = o["edgerun_detail"]
+    assert d["prompt_tokens"] > d["reused_tokens"] > 0 and sum(d["reuse_sources"].values()) == 2  # the 2nd reuses the system prompt
+    assert "edgerun reused" in printed
     # The first turn's prompt is prefilled cold on both: the same template, tokens and attention kernel give the
     # same greedy text (a chat-template or tokenization difference would show here).
     assert o["greedy_vs_control"]["mismatches"] == 0, o["greedy_vs_control"]
