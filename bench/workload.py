@@ -286,7 +286,9 @@ def spawn(side: str, job: dict[str, Any]) -> dict[str, Any]:
                           capture_output=True, text=True, cwd=ROOT)
     if done.returncode != 0:
         tail = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
-        raise RuntimeError(f"the {side} worker ({job['order']}) failed with exit {done.returncode}: {tail}")
+        failed = EdgerunError(f"the {side} worker ({job['order']}) failed with exit {done.returncode}: {tail}")
+        failed.exit_code = done.returncode if 0 < done.returncode < 128 else 1
+        raise failed
     result = json.loads(done.stdout.strip().splitlines()[-1])
     return {"side": side, "order": job["order"], "load_before": load_before, "load_after": os.getloadavg(), **result}
 
@@ -421,7 +423,11 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.worker:
         job = json.loads(sys.stdin.read())
-        print(json.dumps((run_edgerun if args.worker == "edgerun" else run_raw)(job)))
+        try:
+            print(json.dumps((run_edgerun if args.worker == "edgerun" else run_raw)(job)))
+        except EdgerunError as exc:
+            print(f"{exc}", file=sys.stderr)
+            return exc.exit_code
         return 0
     try:
         return _bench(args)

@@ -130,3 +130,12 @@ def test_bad_flags_exit_2_in_one_line(capsys) -> None:
     assert main(["--turns", "0"]) == 2
     err = capsys.readouterr().err
     assert "--turns must be a positive integer" in err and err.count("\n") == 1
+
+
+def test_a_worker_refusal_is_one_line_with_its_exit_code(smollm, tmp_path, capsys) -> None:
+    argv = ["--sessions", "garden", "--turns", "1", "--max-tokens", "2", "--ctx", "100000", "--no-control",
+            "--orders", "sequential", "--out", str(tmp_path / "w.json")]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "the edgerun worker (sequential) failed with exit 2" in err and "training context" in err and "Traceback" not in err
+    assert not (tmp_path / "w.json").exists()  # no half-written report
