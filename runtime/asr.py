@@ -51,14 +51,16 @@ WINDOW_S = 30.0  # Whisper's window: every decode runs the encoder over 30 s (pa
 MODEL_FILES = ("model.bin", "config.json", "tokenizer.json", "vocabulary.txt")
 LIBRARY = "ctranslate2"
 INSTALL = "pip install 'edgerun[voice]'  (faster-whisper)"
-# Measured RSS on x86_64 by scripts/speech_memory.py (tiny.en, INT8, 2 threads, CTranslate2 4.8.5): importing
-# faster_whisper (CTranslate2, tokenizers, PyAV) over a numpy process adds 31 MiB (RUNTIME_BYTES, the "ctranslate2"
-# term); loading adds 70 MiB, about the float16 model.bin's 72 MiB (WEIGHTS_FACTOR: INT8 weights plus CTranslate2's
-# start); decoding, up to a full 30 s window, peaks 112.5 MiB higher (WORKING_BYTES: the encoder over 3000 mel
-# frames, the decoder, CTranslate2's caching allocator). All told: 214 MiB measured against 220 planned.
-RUNTIME_BYTES = 32 << 20
+# Measured RSS on x86_64 by scripts/speech_memory.py --assistant (tiny.en, INT8, 2 threads, CTranslate2 4.8.5), in the
+# voice assistant's process (interpreter, numpy and edgerun are the LLM's runtime term): importing faster_whisper
+# (CTranslate2, tokenizers, PyAV) adds 25.3 MiB (RUNTIME_BYTES, the "ctranslate2" term); loading adds 68 MiB, under the
+# float16 model.bin's 72 (WEIGHTS_FACTOR); rounds of decoding, a full 30 s window included, keep 64-104 MiB more (the
+# freed buffers of the encoder over 3000 mel frames stay in glibc's heaps once its mmap threshold has risen past them;
+# how much depends on what the other models' threads hold there) and peak 51-55 MiB above that (WORKING_BYTES: 156
+# at most, over several runs). All told: 224 MiB measured at most, against 254 planned.
+RUNTIME_BYTES = 26 << 20
 WEIGHTS_FACTOR = 1.0
-WORKING_BYTES = 116 << 20
+WORKING_BYTES = 156 << 20
 
 
 def asr_plan(files: SpeechFiles) -> SpeechPlan:

@@ -190,6 +190,14 @@ def check_samples(x: Any, what: str) -> np.ndarray:
     return a.astype(np.float32, copy=False)
 
 
+# ONNX Runtime's term for the speech models (VAD, Piper, the wake word's front end), measured over the voice assistant's
+# process before any model (interpreter, numpy, edgerun, llama.cpp: the LLM's runtime term) by scripts/speech_memory.py
+# --assistant: importing onnxruntime 1.32 and onnx (its checker, runtime.model_files) adds 24 MiB, the first session's
+# start (allocator, thread pool, kernel registry) 18 more: 42.5 MiB. runtime.vision_plan's 66 MiB is the same library
+# over a bare numpy process, edgerun's own modules included, which the LLM's term already counts.
+ORT_RUNTIME_BYTES = 44 << 20
+
+
 @dataclass(frozen=True)
 class SpeechPlan:
     """A speech model's memory: its weights as loaded, its working memory and its library's runtime term

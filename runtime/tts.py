@@ -40,16 +40,19 @@ MAX_CHARS = 4000  # of one speak() call: a voice turn speaks sentences, not book
 # Piper synthesizes a sentence in one run, and its working memory grows with it (measured: 158 MiB over the loaded
 # voice at 150 characters, 334 at 300, 703 at 600): text is cut into pieces of at most this many characters (at a
 # comma or a space) before Piper sees it, which bounds the working memory the plan counts, whatever the punctuation.
-MAX_PIECE_CHARS = 150
+# ONNX Runtime's arena grows in regions that double (1, 2, ... 64 MiB) and keeps them: at 150 characters the regions
+# held ~155 MiB, and within a dozen rounds of the same sentences one more region (128 MiB) was needed and kept (278
+# MiB); at 100 they settle at 89 MiB and stay there (scripts/speech_memory.py --assistant; 12 rounds, twice).
+MAX_PIECE_CHARS = 100
 PIPER_INSTALL = "pip install 'edgerun[voice-piper]'  (piper-tts, GPL-3.0)"
 ESPEAK_INSTALL = "apt-get install espeak-ng"
 ESPEAK_TIMEOUT_S = 30.0
-# Measured RSS on x86_64 by scripts/speech_memory.py (ORT 1.32, 2 threads, en_US-joe-medium, 63 MB .onnx): the
-# session adds 124 MiB beside ORT's import (17 MiB), of which ORT's own start is in the shared "ort" runtime term
-# (66 MiB, runtime.vision_plan), so WEIGHTS_FACTOR x the file; importing piper (its espeak-ng phonemizer and data) and
-# synthesizing a MAX_PIECE_CHARS piece add WORKING_BYTES at the peak (measured 163 MiB). All told: 305 MiB measured
-# against 324 planned.
-WEIGHTS_FACTOR, WORKING_BYTES = 1.5, 168 << 20
+# Measured RSS on x86_64 by scripts/speech_memory.py --assistant (ORT 1.32, 2 threads, en_US-joe-medium, 63 MB .onnx),
+# in the voice assistant's process with ONNX Runtime started (its term: runtime.speech_models.ORT_RUNTIME_BYTES): the
+# session adds 126 MiB, twice the file (the initializers ORT copies, and the checker's parse; WEIGHTS_FACTOR); piper's
+# phonemizer and rounds of synthesis up to a MAX_PIECE_CHARS piece keep 89 MiB more (ORT's arena keeps the regions the
+# longest piece needed; WORKING_BYTES). All told: 215 MiB measured against 223 planned.
+WEIGHTS_FACTOR, WORKING_BYTES = 2.1, 96 << 20
 
 
 @dataclass(frozen=True)
@@ -99,10 +102,10 @@ def pieces(text: str, limit: int = MAX_PIECE_CHARS) -> list[str]:
 
 def tts_plan(files: SpeechFiles, model_file: str) -> SpeechPlan:
     from devices.backends import BackendName
-    from runtime.vision_plan import RUNTIME_BYTES
+    from runtime.speech_models import ORT_RUNTIME_BYTES
 
     return SpeechPlan(files.name, BackendName.ORT.value, int(WEIGHTS_FACTOR * files.size(model_file)), WORKING_BYTES,
-                      RUNTIME_BYTES[BackendName.ORT])
+                      ORT_RUNTIME_BYTES)
 
 
 class PiperTTS:

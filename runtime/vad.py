@@ -36,19 +36,19 @@ RATE = 16_000
 FRAME, CONTEXT, STATE = 512, 64, 128  # samples per frame, samples of context before it, LSTM state size
 FRAME_S = FRAME / RATE
 MODEL_FILE = "silero_vad_v6.onnx"
-# Measured RSS on x86_64 by scripts/speech_memory.py (ORT 1.32, one thread, the 1.2 MB model): the first session
-# and 60 s of audio scored at once add 82 MiB over numpy, ORT's start included; less the shared "ort" runtime term
-# (66 MiB, runtime.vision_plan) that leaves 16 MiB of its own: WEIGHTS_FACTOR x the file and WORKING_BYTES (a stream
-# scores a few frames at a time and needs less). All told: 82 MiB measured against 86 planned.
-WEIGHTS_FACTOR, WORKING_BYTES = 3, 16 << 20
+MAX_RUN_FRAMES = 64  # frames scored in one ONNX Runtime call (2 s): bounds the working memory, whatever a caller feeds
+# Measured RSS on x86_64 by scripts/speech_memory.py (ORT 1.32, one thread, the 1.2 MB model), over the voice
+# assistant's process with ONNX Runtime started (its term: runtime.speech_models.ORT_RUNTIME_BYTES): the session adds
+# 7 MiB, scoring (at most MAX_RUN_FRAMES a call) under 1 more: WEIGHTS_FACTOR x the file and WORKING_BYTES.
+WEIGHTS_FACTOR, WORKING_BYTES = 3, 8 << 20
 
 
 def vad_plan(files: SpeechFiles) -> SpeechPlan:
     from devices.backends import BackendName
-    from runtime.vision_plan import RUNTIME_BYTES
+    from runtime.speech_models import ORT_RUNTIME_BYTES
 
     return SpeechPlan(files.name, BackendName.ORT.value, WEIGHTS_FACTOR * files.total_bytes, WORKING_BYTES,
-                      RUNTIME_BYTES[BackendName.ORT])
+                      ORT_RUNTIME_BYTES)
 
 
 class SileroVAD:
@@ -123,7 +123,10 @@ class VadStream:
             return np.zeros(0, np.float32)
         frames = x[: n * FRAME].reshape(n, FRAME)
         prev = np.concatenate([self._context[None], frames[:-1, -CONTEXT:]])
-        probs, self._h, self._c = self.model.run(np.concatenate([prev, frames], axis=1), self._h, self._c)
+        batch = np.concatenate([prev, frames], axis=1)
+        probs = np.empty(n, np.float32)
+        for at in range(0, n, MAX_RUN_FRAMES):  # the state carries from run to run: the same as one run
+            probs[at : at + MAX_RUN_FRAMES], self._h, self._c = self.model.run(batch[at : at + MAX_RUN_FRAMES], self._h, self._c)
         self._context = frames[-1, -CONTEXT:].copy()
         return probs
 

@@ -8,6 +8,18 @@ the largest one's own memory, and by how much. When it fits, :func:`open_residen
 pinned, in a :class:`~runtime.residency.ResidencyManager`, which checks the same sum again.
 
 espeak-ng (the fallback voice) is a subprocess: it holds no memory of this process and is not in the plan.
+
+Measured against the assistant's own process (``scripts/speech_memory.py --assistant``), so that the plan bounds the
+peak without counting anything twice:
+
+* the LLM holds no prefix cache (``prefix_cache_bytes`` 0): the conversation is one slot, and each turn's prompt
+  extends the last one, so the live KV cache already serves it; a saved prefix state would never be used, and would
+  hold up to the planner's default bound (64 MiB) of copies of that KV cache in a long session;
+* the wake word is planned as the assistant runs it (:class:`WakeLoader`): a few windows scored each 160 ms hop, not
+  ``edgerun classify``'s 30 s segments, and its libraries as the speech models' are (runtime.speech_models): what
+  importing and starting them adds to the assistant's process, whose interpreter, numpy and edgerun are the LLM's
+  runtime term already. A library's classifier term (runtime.vision_plan) is measured over a bare numpy process,
+  so it holds them once more.
 """
 
 from __future__ import annotations
@@ -27,7 +39,10 @@ log = logging.getLogger(__name__)
 ESPEAK = "espeak-ng"  # the TTS ref that is a subprocess, not a resident model
 DEFAULT_CTX = 1024  # tokens of conversation memory (the LLM's one slot)
 SHRINK_HINTS = {"llm": "a smaller --llm, or a smaller --ctx", "asr": "a smaller --asr model", "tts": "--tts espeak-ng",
-                "audio": "another --wake-word, or none", "vad": "(the VAD is already tiny)"}
+                "wake": "another --wake-word, or none", "vad": "(the VAD is already tiny)"}
+# What importing ai-edge-litert adds to the assistant's process (2.3.0, x86_64, scripts/speech_memory.py --assistant:
+# 8.1 MiB); its interpreter's arena and the model are the wake row's own.
+LITERT_RUNTIME_BYTES = 10 << 20
 
 
 @dataclass(frozen=True)
@@ -47,12 +62,82 @@ class VoiceModels:
         specs = [ModelSpec("vad", self.vad, "vad", pinned=True, keep_alive_s=None),
                  ModelSpec("asr", self.asr, "asr", pinned=True, keep_alive_s=None, options=threads),
                  ModelSpec("llm", self.llm, "llm", pinned=True, keep_alive_s=None,
-                           options={"ctx": self.ctx, "slots": 1, **threads})]
+                           options={"ctx": self.ctx, "slots": 1, "prefix_cache_bytes": 0, **threads})]  # see above
         if self.tts != ESPEAK:
             specs.append(ModelSpec("tts", self.tts, "tts", pinned=True, keep_alive_s=None))
         if self.wake is not None:
-            specs.insert(0, ModelSpec("wake", self.wake, "audio", pinned=True, keep_alive_s=None))
+            specs.insert(0, ModelSpec("wake", self.wake, "wake", pinned=True, keep_alive_s=None))
         return specs
+
+
+class WakeLoader:
+    """kind "wake": an openWakeWord detector bundle (runtime.audio_classifier.AudioClassifier) as the assistant's
+    detector runs it (apps/voice/models.py): its files, its front end's arena, the head's arena for the windows one
+    hop scores, and its libraries' terms over the assistant's process (module docstring). Options: threads."""
+
+    def __init__(self) -> None:
+        self._plans: dict[tuple[Any, ...], tuple[int, dict[str, int]]] = {}
+
+    @staticmethod
+    def _key(spec: ModelSpec) -> tuple[Any, ...]:
+        return spec.name, spec.ref, tuple(sorted(spec.options.items()))
+
+    def plan_bytes(self, spec: ModelSpec, budget: int) -> int:
+        from devices.backends import BackendName
+        from runtime.bundle import ModelKind
+        from runtime.errors import BadInput
+        from runtime.resolve import resolve
+        from runtime.speech_models import ORT_RUNTIME_BYTES
+        from runtime.vision_plan import plan_classifier
+
+        bad = sorted(set(spec.options) - {"threads"})
+        if bad:
+            raise BadInput(f"{spec.name}: unknown wake option {', '.join(map(repr, bad))} (valid: threads)")
+        manifest = resolve(spec.ref).manifest
+        if manifest.kind != ModelKind.AUDIO or manifest.audio is None:
+            raise BadInput(f"--wake-word {spec.ref}: {manifest.ref} is a {manifest.kind.value} bundle, not an audio "
+                           "(wake-word) bundle")
+        sizes = {f.path: f.size for f in manifest.files}
+        weights = manifest.file("weights").size + sum(sizes[n] for n in manifest.audio.frontend_files)
+        plan = plan_classifier(manifest, weights, budget, batch=hop_windows())
+        libraries = {BackendName.ORT.value: ORT_RUNTIME_BYTES}  # the front end runs on ONNX Runtime
+        if manifest.backend is BackendName.LITERT:
+            libraries[BackendName.LITERT.value] = LITERT_RUNTIME_BYTES
+        own = plan.total_bytes - plan.runtime_bytes
+        self._plans[self._key(spec)] = (own + sum(libraries.values()), libraries)
+        return own + sum(libraries.values())
+
+    def shared_bytes(self, spec: ModelSpec) -> Mapping[str, int]:
+        return self._plans[self._key(spec)][1]
+
+    def load(self, spec: ModelSpec, budget: int) -> Any:
+        from runtime.audio_classifier import AudioClassifier
+
+        if self._key(spec) not in self._plans:
+            self.plan_bytes(spec, budget)
+        # AudioClassifier plans classify's segments against its memory; this plan is the one the manager holds
+        return AudioClassifier.load(spec.ref, threads=spec.options.get("threads"))
+
+
+def hop_windows() -> int:
+    """The head's windows one step of the assistant's detector scores: an embedding every 80 ms / PHASES over one
+    hop (apps/voice/models.py, apps/voice/wake.py)."""
+    import math
+
+    from apps.voice.models import WAKE_HOP_FRAMES
+    from apps.voice.types import FRAME_SAMPLES, SAMPLE_RATE
+    from apps.voice.wake import PHASES
+
+    return math.ceil(WAKE_HOP_FRAMES * FRAME_SAMPLES / SAMPLE_RATE / 0.08 * PHASES) + 1
+
+
+def voice_loaders(loaders: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """``loaders`` (default: the residency manager's) with the assistant's wake-word loader."""
+    if loaders is None:
+        from runtime.residency_loaders import default_loaders
+
+        loaders = default_loaders()
+    return loaders if "wake" in loaders else {**loaders, "wake": WakeLoader()}
 
 
 @dataclass(frozen=True)
@@ -118,10 +203,7 @@ class VoicePlan:
 def plan_voice(models: VoiceModels, budget: int, loaders: Mapping[str, Any] | None = None) -> VoicePlan:
     """Plan every model (nothing is loaded). A model that cannot be planned even alone raises its planner's error
     (DoesNotFit names it); whether the sum fits is :attr:`VoicePlan.fits`."""
-    if loaders is None:
-        from runtime.residency_loaders import default_loaders
-
-        loaders = default_loaders()
+    loaders = voice_loaders(loaders)
     rows = []
     for spec in models.specs():
         loader = loaders[spec.kind]
@@ -144,7 +226,7 @@ def open_residency(plan: VoicePlan, loaders: Mapping[str, Any] | None = None) ->
     model to shrink) when the plan does not fit."""
     if not plan.fits:
         raise plan.refusal()
-    manager = ResidencyManager(plan.budget, loaders=loaders)
+    manager = ResidencyManager(plan.budget, loaders=voice_loaders(loaders))
     try:
         for r in plan.rows:
             manager.add(r.spec)

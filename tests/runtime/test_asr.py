@@ -94,8 +94,7 @@ def test_the_speech_models_share_one_memory_plan() -> None:
         for kind in ("asr", "vad", "tts"):
             with models.acquire(kind) as obj:
                 assert obj.plan.total_bytes == plans[kind]
-        from devices.backends import BackendName
-        from runtime.vision_plan import RUNTIME_BYTES
+        from runtime.speech_models import ORT_RUNTIME_BYTES
 
-        assert models.used_bytes() == sum(plans.values()) - RUNTIME_BYTES[BackendName.ORT]
+        assert models.used_bytes() == sum(plans.values()) - ORT_RUNTIME_BYTES
         assert {r["name"] for r in models.resident()} == {"asr", "vad", "tts"}
