@@ -91,6 +91,21 @@ def test_smollm_text_that_does_not_repeat_is_token_identical(smol) -> None:
     assert spec.speculation["drafted"] > 0  # verified at every step, accepted or not
 
 
+def test_seeded_sampling_draws_as_plain_decoding_does(smol) -> None:
+    """One sampler draw per emitted token, in plain decoding's order (the penalty history too): with the same
+    seed the sampled text is the plain one (the logits of a verify batch equal the single-token ones here).
+
+    A first run leaves the prompt in the cache, so that both measured runs start from the same cells: a prompt
+    computed in one large batch gives logits a rounding apart from those of the cached prompt's last token, and
+    a sampled (not greedy) answer can tell them apart."""
+    params = SamplingParams(max_tokens=64, temperature=0.8, top_k=0, repeat_penalty=1.1, seed=1234)
+    run = chat([{"role": "user", "content": f"Rewrite this text word for word:\n\n{TEXT}"}], params)
+    both(smol, run)
+    plain, spec = both(smol, run)
+    same(plain, spec)
+    assert spec.speculation["accepted"] > 0
+
+
 def test_gemma_sliding_window_drops_draft_cells_and_stays_token_identical(gemma3) -> None:
     """A prompt longer than the sliding-window cache (window + micro-batch cells): draft cells are written
     over cells the window no longer needs and removed again, and the output stays the plain one."""
