@@ -222,3 +222,18 @@ def test_draft_with_speculation_off_is_refused(smollm, draft_gguf) -> None:
 
     with pytest.raises(BadInput, match="--no-speculate turns off"):
         LLM.load(smollm, memory="1G", ctx=1024, draft=str(draft_gguf), speculate=False)
+
+
+@pytest.mark.slow
+def test_the_controller_switches_a_draft_that_does_not_pay_off(with_draft) -> None:
+    """The q4_0 self-draft of a 135M model agrees with it about half the time and costs two thirds of its step:
+    it cannot pay on a CPU, and the adaptive controller (what --draft gives) turns it off after a try or two,
+    trying again rarely: nearly every token is decoded plainly."""
+    llm = with_draft
+    llm.speculator = Speculator(llm.draft)
+    params = SamplingParams(temperature=0.0, max_tokens=160, seed=1)
+    result = llm.chat([{"role": "user", "content": "Explain how a refrigerator keeps food cold, step by step."}],
+                      params).finish()
+    spec = result.speculation
+    assert result.tokens_out >= 100 and spec["drafter"] == "draft-model"
+    assert spec["on"] is False and 1 <= spec["steps"] <= 6 and spec["drafted"] <= 12, spec
