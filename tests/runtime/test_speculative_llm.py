@@ -14,6 +14,7 @@ from runtime.llm import LLM
 from runtime.sampling import SamplingParams
 from runtime.speculative import Adaptive, PromptLookup, Speculator
 
+pytestmark = pytest.mark.slow  # the real packaged models, end to end
 GiB = 1 << 30
 
 TEXT = ("The lighthouse keeper climbed the spiral stairs every evening at dusk. He trimmed the wick, polished the "
@@ -149,6 +150,16 @@ def test_max_tokens_and_a_stop_string_inside_a_draft(smol) -> None:
     again, _ = both(smol, chat(messages))
     fresh, _ = both(smol, chat(messages))
     same(again, fresh)
+
+
+def test_context_shifts_happen_where_plain_decoding_has_them(smollm) -> None:
+    """Drafts never run past the context: it shifts at the same tokens, dropping as many, and the text stays."""
+    with LLM.load(smollm, memory=GiB, ctx=256, threads=2) as small:
+        params = SamplingParams(max_tokens=300, temperature=0.0)
+        plain, spec = both(small, lambda llm: llm.generate("Count: 1, 2, 3, 4, 5,", params), k=8)
+    same(plain, spec)
+    assert spec.truncations == plain.truncations and len(plain.truncations) >= 2
+    assert spec.speculation["accepted"] > 0
 
 
 def test_a_cache_that_refuses_to_drop_draft_cells_is_recomputed_and_speculation_stops(smol, monkeypatch) -> None:
