@@ -31,7 +31,11 @@ from runtime.audio import OWW_EMBEDDINGS, OWW_FFT_SAMPLES, OWW_HOP_SAMPLES, OWW_
 from runtime.errors import BadInput
 
 PHASES = 8  # interleaved 80 ms grids scored (1, 2, 4 or 8): an embedding every 10 ms (every mel frame)
-REFRACTORY_S = 1.0  # after a detection, the same word is not reported again this soon
+# After a detection, no other for this long: a window spans ~2 s of audio (OWW_MIN_SAMPLES), so the word stays in the
+# windows that follow it, and beside the next words they can score over the threshold again (measured: a second hit
+# 1.04 s after the first, on the same "Alexa" followed by a question).
+REFRACTORY_S = 2.0
+MAX_STEP_SAMPLES = 2560  # audio scored in one step (160 ms at 16 kHz: 16 mel frames, so 2 x PHASES windows)
 # The whole-clip front end's grid, in this stream's frames (its clip is padded with OWW_MIN_SAMPLES of silence in front):
 # with phases=1 the stream scores exactly the windows runtime.audio computes on the clip.
 _ALIGN = OWW_MEL_STEP - 1
@@ -87,6 +91,11 @@ class WakeStream:
         x = np.asarray(samples, np.float32)
         if final:
             x = np.concatenate([x, np.zeros(int(OWW_TAIL_SECONDS * self.rate), np.float32)])
+        # at most MAX_STEP_SAMPLES per step, whatever a caller hands over at once (a Wyoming chunk may hold 30 s):
+        # the windows scored together, and so the working memory the plan counts, stay one step's
+        return [hit for at in range(0, len(x), MAX_STEP_SAMPLES) for hit in self._step(classifier, x[at : at + MAX_STEP_SAMPLES])]
+
+    def _step(self, classifier: Any, x: np.ndarray) -> list[Hit]:
         pcm = np.concatenate([self._pcm, x])
         n = (len(pcm) - OWW_FFT_SAMPLES) // OWW_HOP_SAMPLES + 1 if len(pcm) >= OWW_FFT_SAMPLES else 0
         if n <= 0:

@@ -464,11 +464,41 @@ def test_one_grid_of_the_stream_is_the_whole_clips_windows(alexa) -> None:
     w = alexa.frontend.windows(x, SAMPLE_RATE)
     whole = {round(float(e), 4): float(v) for e, v in zip(w.ends, alexa.scores(w.x)[:, 0], strict=True)
              if OWW_MIN_SAMPLES / SAMPLE_RATE < e <= len(x) / SAMPLE_RATE}
-    for block in (FRAME_SAMPLES, 1000, 16000):
+    for block in (FRAME_SAMPLES, 1000, 16000, len(x)):
         stream = WakeStream(alexa, phases=1, threshold=0.0, refractory_s=0.0)  # every window a "hit": its score
         hits = [h for at in range(0, len(x), block) for h in stream.feed(alexa, x[at : at + block])]
         streamed = {round(h.at_s, 4): h.score for h in hits}
         assert set(whole) <= set(streamed) and max(abs(streamed[k] - whole[k]) for k in whole) < 1e-6, block
+
+
+@pytest.mark.slow
+def test_a_long_piece_of_audio_is_scored_a_step_at_a_time(alexa) -> None:
+    """However much audio a caller hands over at once (a Wyoming chunk may hold 30 s), the detector scores one step's
+    windows at a time: the working memory the memory plan counts (apps/voice/plan.py) is one step's."""
+    from apps.voice.wake import MAX_STEP_SAMPLES, PHASES, WakeStream
+    from runtime.audio import OWW_HOP_SAMPLES
+    from tests.runtime.speech_clips import spoken
+
+    class Counting:
+        def __init__(self, inner: Any) -> None:
+            self.inner, self.batches = inner, []
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.inner, name)
+
+        def scores(self, x: np.ndarray) -> np.ndarray:
+            self.batches.append(len(x))
+            return self.inner.scores(x)
+
+    x = np.concatenate([_espeak_alexa("espeak-en-us"), 0.5 * spoken("What is the capital of France?")] * 3)
+    counting = Counting(alexa)
+    stream = WakeStream(counting)
+    hits = stream.feed(counting, x, final=True)
+    assert max(counting.batches) <= MAX_STEP_SAMPLES // OWW_HOP_SAMPLES * PHASES // 8 + PHASES, counting.batches
+    stream.reset()
+    assert [h.at_s for h in hits] == [h.at_s for at in range(0, len(x), FRAME_SAMPLES)
+                                      for h in stream.feed(alexa, x[at : at + FRAME_SAMPLES], final=at + FRAME_SAMPLES >= len(x))]
+    assert len(hits) == 3  # the word said three times, heard three times
 
 
 # -- ASR decoded during the VAD's hangover -----------------------------------------------------------------------
