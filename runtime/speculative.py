@@ -292,7 +292,11 @@ class Adaptive:
         (the step emitted ``accepted + 1`` tokens)."""
         if drafted <= 0:
             self._plain_seen += 1
-            self._t_plain = seconds if self._t_plain is None else self.DECAY * self._t_plain + (1 - self.DECAY) * seconds
+            if self._t_plain is None:
+                self._t_plain = seconds
+            else:  # a step the OS preempted counts as at most MAX_EXTRA times the usual
+                seconds = min(seconds, (1.0 + self.MAX_EXTRA) * self._t_plain)
+                self._t_plain = self.DECAY * self._t_plain + (1 - self.DECAY) * seconds
             return
         self.stats.add(drafted, accepted)
         self._learn(drafted, accepted)
