@@ -216,7 +216,9 @@ class Adaptive:
     MAX_EXTRA = 4.0  # a step's measured cost per draft token is capped (a step the OS preempted says little)
     MAX_BACKOFF = 1024  # steps between tries while off, at most
 
-    def __init__(self, k_max: int = K_MAX, *, probe_every: int = 32, alpha: float = 0.5, beta: float = 0.3) -> None:
+    def __init__(self, k_max: int = K_MAX, *, probe_every: int = 32, alpha: float = 0.5, beta: float = 0.5) -> None:
+        """``alpha``, ``beta``: the priors, until measured. With 0.5 and 0.5 a draft is worth it only once the
+        acceptance is measured above one half: a text that does not repeat never pays for trying."""
         if k_max < 1:
             raise ValueError(f"k_max must be >= 1, got {k_max}")
         self.k_max = k_max
