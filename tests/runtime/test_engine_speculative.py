@@ -185,3 +185,20 @@ def test_step_cost_charges_a_draft_to_every_decoding_slot() -> None:
     # 4 slots decoding: a step is 14 ms; a draft of 2 adds 2 ms to all four (8 slot-ms: 8/14 of a plain step).
     assert cost.relative(4, 2) == pytest.approx(1 + 4 * 0.002 / 0.014)
     assert cost.relative(1, 2) == pytest.approx(1 + 0.002 / 0.011)
+
+
+@pytest.mark.slow
+def test_gemma3_sliding_window_slots_drop_draft_cells_and_keep_greedy_text(gemma) -> None:
+    """Gemma 3's sliding-window layers (512 tokens) must drop rejected draft cells too: answers that run past the
+    window, two slots at once, the same text as plain decoding and every slot's cells what it says."""
+    prompts = [TEXT * 3, "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 1, 2, 3,"]
+    with Engine.load(gemma, memory=GiB, slots=2, ctx=1024, threads=2) as eng:
+        def run(speculate: bool) -> list:
+            return _run(eng, [GenRequest(eng.tokenize(p), eng.params(temperature=0.0, max_tokens=450), speculate=speculate)
+                              for p in prompts])
+
+        plain, spec = run(False), run(True)
+        assert [r.text for r in spec] == [r.text for r in plain]
+        assert all(len(eng.tokenize(p)) + r.tokens_out > 512 for p, r in zip(prompts, spec, strict=True))  # past the window
+        assert all(r.speculation["accepted"] > 0 for r in spec)
+        _cells_hold_kv_tokens(eng)
