@@ -40,9 +40,8 @@ MAX_CHARS = 4000  # of one speak() call: a voice turn speaks sentences, not book
 # Piper synthesizes a sentence in one run, and its working memory grows with it (measured: 158 MiB over the loaded
 # voice at 150 characters, 334 at 300, 703 at 600): text is cut into pieces of at most this many characters (at a
 # comma or a space) before Piper sees it, which bounds the working memory the plan counts, whatever the punctuation.
-# ONNX Runtime's arena grows in regions that double (1, 2, ... 64 MiB) and keeps them: at 150 characters the regions
-# held ~155 MiB, and within a dozen rounds of the same sentences one more region (128 MiB) was needed and kept (278
-# MiB); at 100 they settle at 89 MiB and stay there (scripts/speech_memory.py --assistant; 12 rounds, twice).
+# At 150 characters ONNX Runtime's arena (before _ShrinkingSession) held 155 MiB and, within a dozen rounds of the same
+# sentences, 278; at 100 the peak a piece needs is ~101 MiB above what the voice keeps.
 MAX_PIECE_CHARS = 100
 PIPER_INSTALL = "pip install 'edgerun[voice-piper]'  (piper-tts, GPL-3.0)"
 ESPEAK_INSTALL = "apt-get install espeak-ng"
@@ -50,9 +49,9 @@ ESPEAK_TIMEOUT_S = 30.0
 # Measured RSS on x86_64 by scripts/speech_memory.py --assistant (ORT 1.32, 2 threads, en_US-joe-medium, 63 MB .onnx),
 # in the voice assistant's process with ONNX Runtime started (its term: runtime.speech_models.ORT_RUNTIME_BYTES): the
 # session adds 126 MiB, twice the file (the initializers ORT copies, and the checker's parse; WEIGHTS_FACTOR); piper's
-# phonemizer and rounds of synthesis up to a MAX_PIECE_CHARS piece keep 89 MiB more (ORT's arena keeps the regions the
-# longest piece needed; WORKING_BYTES). All told: 215 MiB measured against 223 planned.
-WEIGHTS_FACTOR, WORKING_BYTES = 2.1, 96 << 20
+# phonemizer and rounds of synthesis up to a MAX_PIECE_CHARS piece, ORT's arena shrunk after each (_ShrinkingSession),
+# keep up to 48 MiB more and peak up to 101 MiB above that (WORKING_BYTES).
+WEIGHTS_FACTOR, WORKING_BYTES = 2.1, 150 << 20
 
 
 @dataclass(frozen=True)
@@ -108,6 +107,28 @@ def tts_plan(files: SpeechFiles, model_file: str) -> SpeechPlan:
                       ORT_RUNTIME_BYTES)
 
 
+class _ShrinkingSession:
+    """Piper's ONNX Runtime session, each run asked to shrink ORT's arena after it (``memory.enable_memory_arena_shrinkage``).
+
+    ORT's CPU arena grows in regions that double in size and keeps them, so what a voice holds after speaking depended
+    on the history of its sentences: settled at 89 MiB in most runs of the same sentences, 187 MiB in others (one more
+    region). Shrunk after each run it keeps what glibc keeps (~48 MiB) and peaks ~101 MiB above that during a
+    MAX_PIECE_CHARS piece, every time: a bound the plan can count (WORKING_BYTES), for ~10 % more synthesis time."""
+
+    def __init__(self, session: Any) -> None:
+        import onnxruntime as ort
+
+        self._session = session
+        self._options = ort.RunOptions()
+        self._options.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
+
+    def run(self, output_names: Any, input_feed: Any, run_options: Any = None) -> Any:
+        return self._session.run(output_names, input_feed, run_options or self._options)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._session, name)
+
+
 class PiperTTS:
     """A Piper voice: the ``tts`` recipe's .onnx and its .onnx.json config."""
 
@@ -126,7 +147,7 @@ class PiperTTS:
             except (ValueError, KeyError, TypeError) as exc:
                 raise BadInput(f"{files.path(model + '.json')}: not a Piper voice config ({one_line(exc)})") from None
             session = ort_session(onnx_path, placement, str(files.path(model)))
-        self._voice = PiperVoice(session=session, config=config)
+        self._voice = PiperVoice(session=_ShrinkingSession(session), config=config)
         self._syn = SynthesisConfig()
         self.rate = int(config.sample_rate)
 
