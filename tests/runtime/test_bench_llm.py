@@ -7,7 +7,7 @@ import json
 import pytest
 
 from apps.cli import main as cli
-from apps.cli.bench_llm import speculation_supported, tokens_of
+from apps.cli.bench_llm import tokens_of
 
 
 def _one_line(capsys, code: int, fragment: str) -> None:
@@ -29,33 +29,34 @@ def test_bench_llm_reports_pp_and_tg_per_thread_count(smollm, capsys) -> None:
         assert r["tokens_per_s"] == pytest.approx(sum(r["samples"]) / 2)
     assert [p["threads"] for p in data["placements"]] == [1, 2]  # each row on the threads it names
     assert data["plan"]["n_ctx"] >= 18
-    if speculation_supported():
-        for s in data["speculation"]:
-            assert s["off"]["decode_tps"] > 0 and s["on"]["decode_tps"] > 0 and s["text_identical"] is True
-    else:  # absent, and said so: never a made-up row
-        assert data["speculation"] is None and "no speculate option" in data["speculation_absent"]
+    assert [s["threads"] for s in data["speculation"]] == [1, 2]
+    for s in data["speculation"]:
+        assert s["off"]["decode_tps"] > 0 and s["on"]["decode_tps"] > 0 and s["text_identical"] is True
+        assert s["drafter"] == "prompt-lookup" and s["stats"]["enabled"] is True
+        assert s["speed_up"] == pytest.approx(s["on"]["decode_tps"] / s["off"]["decode_tps"])
 
 
 def test_bench_llm_text_table_and_skipped_test(smollm, capsys) -> None:
     assert cli(["bench", "default", "--threads", "1", "--runs", "1", "--prompt-tokens", "0", "--gen-tokens", "3"]) == 0
     out = capsys.readouterr().out
     assert "tg3" in out and "pp" not in out.split("t/s", 1)[1]  # --prompt-tokens 0 skips pp, as llama-bench's -p 0
-    assert ("tg3 repetitive" in out and "speed-up" in out) if speculation_supported() else "speculation: not measured" in out
+    assert "tg3 repetitive" in out and "speed-up" in out and "drafted tokens accepted" in out
+
+
+def test_bench_llm_without_decode_has_no_speculation_row(smollm, capsys) -> None:
+    assert cli(["bench", "default", "--threads", "1", "--runs", "1", "--prompt-tokens", "8", "--gen-tokens", "0", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert [r["test"] for r in data["results"]] == ["pp8"]
+    assert data["speculation"] is None and "--gen-tokens 0" in data["speculation_absent"]  # said so, never a made-up row
 
 
 def test_bench_llm_draft_model_row(smollm, capsys) -> None:
-    import inspect
-
-    from runtime.llm import LLM
-
     argv = ["bench", "default", "--draft", "default", "--threads", "1", "--runs", "1", "--prompt-tokens", "0", "--gen-tokens", "6",
             "--json"]
-    if not (speculation_supported() and "draft" in inspect.signature(LLM.load).parameters):
-        _one_line(capsys, cli(argv), "takes no draft model")
-        return
     assert cli(argv) == 0
     (row,) = json.loads(capsys.readouterr().out)["speculation"]
-    assert row["drafter"] == "draft model" and row["text_identical"] is True and row["on"]["tokens_out"] == 6
+    assert row["drafter"] == "draft-model" and row["stats"]["enabled"] is True
+    assert row["text_identical"] is True and row["on"]["tokens_out"] == 6
 
 
 def test_bench_tokens_keep_the_bos_and_have_the_length(smollm) -> None:
