@@ -314,7 +314,7 @@ def test_bad_specs_are_refused_with_one_line(loader, clock, bad, error, match) -
     ("llm", {"threads": True}, "option threads=True must be"),
     ("llm", {"kv_type": "q4_0"}, "kv_type='q4_0' is not one of: f16, q8_0"),
     ("llm", {"prefix_cache_bytes": -1}, "prefix_cache_bytes=-1"),
-    ("llm", {"batch": 4}, r"unknown llm option 'batch' \(valid: ctx, slots, max_queued, threads, target, kv_type, prefix_cache_bytes\)"),
+    ("llm", {"batch": 4}, r"unknown llm option 'batch' \(valid: ctx, slots, max_queued, threads, target, kv_type, prefix_cache_bytes, speculate\)"),
     ("llm", {"max_queued": 0}, "option max_queued=0 must be"),
     ("vision", {"ctx": 512}, "unknown vision option 'ctx'"),
     ("vision", {"batch": 1.5}, "option batch=1.5 must be"),
