@@ -6,8 +6,9 @@ tg N: N tokens decoded one call each, from an empty context. Each is the mean an
 every run sees the same work. A length of 0 skips that test, as llama-bench's ``-p 0`` / ``-n 0`` do.
 
 Speculation: greedy generation through :meth:`LLM.generate` on a repetitive prompt (a list, then copies of it:
-what prompt-lookup drafting is for), with speculation off and on, decode tokens/s of each and their ratio, what
-was drafted and accepted, and whether the greedy text stayed the same.
+what prompt-lookup drafting is for), with speculation off and on (the adaptive controller, which switches it
+off where it measures no gain), decode tokens/s of each and their ratio, what was drafted and accepted, whether
+the greedy text stayed the same; and "forced": drafting never switched off, what the controller chose against.
 """
 
 from __future__ import annotations
@@ -83,17 +84,31 @@ def pp_tg(llm: Any, threads: int, prompt_tokens: int, gen_tokens: int, runs: int
     return rows
 
 
+def _always_on() -> Any:
+    from runtime.speculative import Adaptive
+
+    class AlwaysOn(Adaptive):
+        """The adaptive controller that never switches speculation off: what drafting gives where it is forced."""
+
+        OFF_BELOW = -1.0
+
+    return AlwaysOn()
+
+
 def speculation(ref: Any, threads: int, gen_tokens: int, runs: int, common: dict[str, Any], draft: Any = None) -> dict[str, Any]:
     """Decode tokens/s on :data:`SPEC_PROMPT`, greedy, with speculation off and on (a fresh load each; on: prompt
     lookup, or the ``draft`` model). The adaptive controller keeps its state across the runs of one load, as it
     does in a long-running process: the warm-up run lets it settle."""
     from runtime.llm import LLM
+    from runtime.speculative import Speculator
 
     out: dict[str, Any] = {"threads": threads, "test": f"tg{gen_tokens} repetitive"}
     texts = {}
-    for name, on in (("off", False), ("on", True)):
+    for name, on in (("off", False), ("on", True), ("forced", True)):
         extra = {"draft": draft} if on and draft else {}
         with LLM.load(ref, threads=threads, speculate=on, prefix_cache_bytes=0, **common, **extra) as llm:
+            if name == "forced" and llm.speculator is not None:  # the same drafter, never switched off
+                llm.speculator = Speculator(llm.speculator.drafter, _always_on())
             params = llm.params(temperature=0.0, repeat_penalty=1.0, max_tokens=gen_tokens, seed=0)
             llm.generate(SPEC_PROMPT, params)  # warm-up
             results = [llm.generate(SPEC_PROMPT, params) for _ in range(runs)]
@@ -101,10 +116,12 @@ def speculation(ref: Any, threads: int, gen_tokens: int, runs: int, common: dict
         texts[name] = results[-1].text
         out[name] = {"decode_tps": statistics.fmean(rates), "stddev": statistics.stdev(rates) if len(rates) > 1 else 0.0,
                      "tokens_out": results[-1].tokens_out, "samples": rates}
-        if on:
+        if name == "forced":
+            out[name]["stats"] = results[-1].speculation
+        elif on:
             out["stats"] = results[-1].speculation  # drafter, enabled, on, steps, drafted, accepted, acceptance, ...
             out["drafter"] = out["stats"].get("drafter") or "none"
-    out["text_identical"] = texts["off"] == texts["on"]  # greedy: speculation must not change a token
+    out["text_identical"] = texts["off"] == texts["on"] == texts["forced"]  # greedy: speculation must not change a token
     out["speed_up"] = out["on"]["decode_tps"] / out["off"]["decode_tps"] if out["off"]["decode_tps"] else None
     return out
 
@@ -161,6 +178,7 @@ def print_report(report: dict[str, Any]) -> None:
                 f"on {s['on']['decode_tps']:.2f} ± {s['on']['stddev']:.2f} t/s")
         if s["speed_up"] is not None:
             line += f", speed-up {s['speed_up']:.2f}x"
+        line += f"; forced on {s['forced']['decode_tps']:.2f} t/s"
         stats = s["stats"]
         if not stats.get("enabled"):
             line += " (speculation not available: the backend cannot verify drafts)"

@@ -34,6 +34,7 @@ def test_bench_llm_reports_pp_and_tg_per_thread_count(smollm, capsys) -> None:
         assert s["off"]["decode_tps"] > 0 and s["on"]["decode_tps"] > 0 and s["text_identical"] is True
         assert s["drafter"] == "prompt-lookup" and s["stats"]["enabled"] is True
         assert s["speed_up"] == pytest.approx(s["on"]["decode_tps"] / s["off"]["decode_tps"])
+        assert s["forced"]["decode_tps"] > 0 and s["forced"]["stats"]["on"] is True  # forced: never switched off
 
 
 def test_bench_llm_text_table_and_skipped_test(smollm, capsys) -> None:
