@@ -198,14 +198,15 @@ class Adaptive:
       tokens plus rejections), from verified drafts and, while off, from a cheap drafter's unverified ones
       (:meth:`shadow`, :meth:`follow`);
     * ``t_plain``: seconds of a plain step (one token);
-    * ``beta``: what each drafted token adds to a step, relative to a plain step (a verify batch of 1 + k tokens
-      takes t_plain * (1 + beta * k)).
+    * ``cost(k)``: the time of a step with a draft of k, in plain steps, per draft length (batching is not
+      linear: on a CPU a batch of 2 may cost nearly 2 steps where one of 9 costs 4); a length not yet measured
+      is assumed to cost ``1 + beta * k``, beta the cheapest per-token cost measured at any length or the prior.
 
-    A step with a draft of k then emits ``expected_tokens(alpha, k)`` tokens in ``1 + beta * k`` plain steps'
+    A step with a draft of k then emits ``expected_tokens(alpha, k)`` tokens in ``cost(k)`` plain steps'
     time. :meth:`plan` picks the k in 1..k_max with the best ratio; speculation goes off when even that ratio is
     below 1 and comes back on above ``1 + ON_ABOVE`` (hysteresis). While on, every ``probe_every``-th step is a
     plain one, so that ``t_plain`` follows the machine's load. While off, a draft is tried now and then so that
-    ``beta`` and ``alpha`` stay current, each try that does not turn it back on waiting twice as long as the
+    the costs and ``alpha`` stay current, each try that does not turn it back on waiting twice as long as the
     last (``probe_every`` up to ``MAX_BACKOFF`` steps): what an unpaying try costs stays a small fraction.
     """
 
@@ -228,6 +229,7 @@ class Adaptive:
         self._acc = (alpha, 1.0)  # (accepted, trials) weighted sums: one pseudo-observation of the prior
         self._t_plain: float | None = None
         self._beta = beta
+        self._cost: list[float | None] = [None] * (k_max + 1)  # measured step time / t_plain, per draft length
         self._plain_seen = 0
         self._steps = 0
         self._backoff = probe_every
@@ -244,13 +246,23 @@ class Adaptive:
     def beta(self) -> float:
         return self._beta
 
+    def cost(self, k: int) -> float:
+        """A step with a draft of ``k`` in plain steps' time: measured, or the prior ``1 + beta * k``."""
+        measured = self._cost[k] if 0 < k < len(self._cost) else None
+        if measured is not None:
+            return measured
+        # not measured: per draft token, the cheapest seen at any length (batching costs grow less than linearly)
+        # or the prior, whichever is less: longer drafts get tried once shorter ones have shown what a token costs
+        per_token = [(c - 1.0) / n for n, c in enumerate(self._cost) if c is not None]
+        return 1.0 + min([self._beta, *per_token]) * k
+
     @property
     def t_plain(self) -> float | None:
         return self._t_plain
 
     def speedup(self, k: int) -> float:
         """Expected tokens per plain step's time with a draft of ``k`` (1.0: as fast as plain)."""
-        return expected_tokens(self.alpha, k) / (1.0 + self._beta * k)
+        return expected_tokens(self.alpha, k) / self.cost(k)
 
     def best_k(self) -> tuple[int, float]:
         """The draft length in 1..k_max with the best expected speed-up, and that speed-up (may be below 1)."""
@@ -286,8 +298,8 @@ class Adaptive:
     def _switch(self, on: bool, ratio: float) -> None:
         self.on = on
         self.stats.on = on
-        log.info("speculation %s: expected %.2fx (acceptance %.2f, draft token cost %.2f of a step)",
-                 "on" if on else "off", ratio, self.alpha, self._beta)
+        log.info("speculation %s: expected %.2fx (acceptance %.2f, step costs %s)", "on" if on else "off", ratio,
+                 self.alpha, {k: round(c, 2) for k, c in enumerate(self._cost) if c is not None})
 
     def observe(self, drafted: int, accepted: int, seconds: float) -> None:
         """A step finished in ``seconds``: ``drafted`` tokens verified (0: a plain step), ``accepted`` of them
@@ -302,9 +314,10 @@ class Adaptive:
             return
         self.stats.add(drafted, accepted)
         self._learn(drafted, accepted)
-        if self._t_plain:
-            extra = min(max((seconds / self._t_plain - 1.0) / drafted, 0.0), self.MAX_EXTRA)
-            self._beta = self.DECAY * self._beta + (1 - self.DECAY) * extra
+        if self._t_plain and drafted < len(self._cost):
+            ratio = min(max(seconds / self._t_plain, 1.0), 1.0 + self.MAX_EXTRA * drafted)
+            old = self._cost[drafted]
+            self._cost[drafted] = ratio if old is None else self.DECAY * old + (1 - self.DECAY) * ratio
 
     def observe_shadow(self, drafted: int, accepted: int) -> None:
         """A draft that was not verified (speculation off) would have had ``accepted`` of ``drafted`` tokens
