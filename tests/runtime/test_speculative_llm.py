@@ -158,7 +158,7 @@ def test_context_shifts_happen_where_plain_decoding_has_them(smollm) -> None:
         params = SamplingParams(max_tokens=300, temperature=0.0)
         plain, spec = both(small, lambda llm: llm.generate("Count: 1, 2, 3, 4, 5,", params), k=8)
     same(plain, spec)
-    assert spec.truncations == plain.truncations and len(plain.truncations) >= 2
+    assert spec.truncations == plain.truncations and len(plain.truncations) >= 1
     assert spec.speculation["accepted"] > 0
 
 
