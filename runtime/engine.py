@@ -96,7 +96,8 @@ class Engine:
             self.defaults = SamplingParams.from_defaults(spec.sampling)
             self.n_slots, self.slot_ctx = backend.n_slots, backend.slot_ctx
             self.n_vocab = backend.n_vocab
-            self.prefix_cache = PrefixCache(plan.prefix_cache_bytes)
+            # a sliding-window cache keeps shorter entries: its loaded states cannot be cut short exactly
+            self.prefix_cache = PrefixCache(plan.prefix_cache_bytes, supersede=not plan.kv_swa_bytes)
             self.scheduler = Scheduler(max_queued=max_queued, aging_s=aging_s)
             chunk = DEFAULT_PREFILL_CHUNK if prefill_chunk is None else prefill_chunk
             if not 1 <= chunk <= backend.n_batch:

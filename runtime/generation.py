@@ -151,6 +151,8 @@ class Generation:
         if len(text) > emitted:
             yield text[emitted:]
         t_end = time.perf_counter()
+        if len(kv.tokens) > len(prompt):  # the prompt and its answer: a chat's next turn extends them in turn
+            kv.save_prefix()  # (it supersedes the prompt's entry: runtime/prefix_cache.py)
         t_first = t_first or t_end
         t_prefill = t_prefill or t_end
         prefill_s = max(t_prefill - t0, 1e-9)

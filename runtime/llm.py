@@ -56,7 +56,8 @@ class LLM:
         self._chat_template: ChatTemplate | None = None
         self._chat_tokenizer: ChatTokenizer | None = None
         try:
-            self.prefix_cache = PrefixCache(plan.prefix_cache_bytes)
+            # a sliding-window cache keeps shorter entries: its loaded states cannot be cut short exactly
+            self.prefix_cache = PrefixCache(plan.prefix_cache_bytes, supersede=not plan.kv_swa_bytes)
             self.kv = KVSequence(backend, self.prefix_cache)
             spec = model.manifest.llm
             if spec is None:

@@ -3,7 +3,15 @@
 The live KV cache already serves a request that extends the previous one. This
 cache serves the others: a system prompt or a document shared by requests that
 alternate with unrelated ones. Each entry is the backend's saved sequence state
-after a prompt was prefilled, keyed by that prompt's tokens.
+after a prompt was prefilled (or after its answer), keyed by the tokens it holds.
+
+An entry whose tokens are a prefix of a new entry's is dropped when the new one
+is stored (``supersede``): the new state serves every prompt the old one did,
+since a loaded state is truncated to the prompt's common prefix (runtime/kv.py).
+A chat turn's prompt+answer thus replaces its prompt, and the next turn's
+replaces that: the bound holds one entry per conversation, not one per turn.
+Not for sliding-window caches: a tail dropped from a loaded state leaves their
+window without the cells before the cut, so there the shorter entry is kept.
 """
 
 from __future__ import annotations
@@ -34,15 +42,19 @@ class Entry:
 
 
 class PrefixCache:
-    def __init__(self, capacity_bytes: int) -> None:
+    def __init__(self, capacity_bytes: int, *, supersede: bool = True) -> None:
+        """``supersede``: a new entry drops the entries whose tokens are a prefix of its own (False for a
+        sliding-window cache, whose loaded states cannot be cut short exactly)."""
         if capacity_bytes < 0:
             raise ValueError("capacity_bytes must be >= 0")
         self.capacity_bytes = capacity_bytes
+        self.supersede = supersede
         self._entries: OrderedDict[tuple[int, ...], Entry] = OrderedDict()
         self.bytes = 0
         self.hits = 0
         self.misses = 0
         self.evictions = 0
+        self.superseded = 0
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -62,13 +74,20 @@ class PrefixCache:
         """Evict (LRU first) until ``size`` more bytes fit; False if they never can.
 
         Called before a state is copied out of the backend, so that the cache and
-        the new copy together never exceed the bound, not even for a moment.
+        the new copy together never exceed the bound, not even for a moment. The
+        entry for ``tokens`` goes first, and (``supersede``) every entry whose
+        tokens are a prefix of ``tokens``: the new state serves their prompts.
         """
         if size > self.capacity_bytes:
             return False
-        old = self._entries.pop(tuple(tokens), None)
+        key = tuple(tokens)
+        old = self._entries.pop(key, None)
         if old is not None:
             self.bytes -= len(old.state)
+        if self.supersede and key:
+            for k in [k for k in self._entries if len(k) < len(key) and key[: len(k)] == k]:
+                self.bytes -= len(self._entries.pop(k).state)
+                self.superseded += 1
         while self._entries and self.bytes + size > self.capacity_bytes:
             _, evicted = self._entries.popitem(last=False)
             self.bytes -= len(evicted.state)
@@ -91,4 +110,5 @@ class PrefixCache:
             "bytes": self.bytes,
             "capacity_bytes": self.capacity_bytes,
             "evictions": self.evictions,
+            "superseded": self.superseded,
         }

@@ -199,7 +199,8 @@ def test_prefix_cache_evicts_the_least_recently_used() -> None:
     assert cache.put(c, b"z" * 40)
     assert cache.best([4, 5, 6]) == (None, 0)  # b went, not a
     assert cache.best([1, 2, 3])[1] == 3
-    assert cache.stats() == {"hits": 0, "misses": 0, "entries": 2, "bytes": 80, "capacity_bytes": 100, "evictions": 1}
+    assert cache.stats() == {"hits": 0, "misses": 0, "entries": 2, "bytes": 80, "capacity_bytes": 100, "evictions": 1,
+                             "superseded": 0}
 
 
 def test_make_room_refuses_what_can_never_fit_and_evicts_nothing() -> None:
