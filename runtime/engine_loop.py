@@ -247,15 +247,9 @@ class Loop:
             self._end(slot, None)
 
     def _truncate(self, slot: Slot, n: int) -> None:
-        """Keep only the first ``n`` cells of ``slot`` (drop rejected draft tokens' cells)."""
-        if self.backend.remove(slot.id, n, -1):
-            del slot.kv.tokens[n:]
-            return
-        # A sliding-window or recurrent cache may refuse to drop a tail: the slot recomputes its tokens as a
-        # prompt (seq.tokens is the truth), and this request drafts no more.
-        log.warning("slot %d: the KV cache refused to drop %d draft cells; recomputing", slot.id, len(slot.kv.tokens) - n)
-        slot.kv.clear()
-        if slot.job is not None and slot.seq.speculator is not None:
+        """Keep only the first ``n`` cells of ``slot`` (drop rejected draft tokens' cells). Where the cache refuses
+        to drop a tail (KVSequence.truncate recomputes the first ``n`` instead), this request drafts no more."""
+        if not slot.kv.truncate(n) and slot.job is not None and slot.seq.speculator is not None:
             slot.seq.speculator.controller.disable("the KV cache cannot drop draft cells in place")
 
     # -- ending requests ------------------------------------------------------------------------------------------------

@@ -202,3 +202,30 @@ def test_gemma3_sliding_window_slots_drop_draft_cells_and_keep_greedy_text(gemma
         assert all(len(eng.tokenize(p)) + r.tokens_out > 512 for p, r in zip(prompts, spec, strict=True))  # past the window
         assert all(r.speculation["accepted"] > 0 for r in spec)
         _cells_hold_kv_tokens(eng)
+
+
+def test_a_cache_that_refuses_to_drop_draft_cells_recomputes_and_stops_drafting(smollm, caplog) -> None:
+    """Where llama.cpp refuses to remove a sequence's tail (a recurrent or sliding-window cache may), the slot
+    recomputes what it accepted and its request drafts no more. The recomputed cells come from one batch, not
+    token by token, and round differently (llama.cpp picks other kernels for a multi-token batch): the text may
+    leave plain decoding's at a later near-tie, so only what holds exactly is checked."""
+    with Engine.load(smollm, memory=GiB, slots=2, ctx=512, threads=2, start=False) as eng:
+        plain = _run_manual(eng, [_chat(eng, CHATS[1], 40, speculate=False)])[0]
+        refused = []
+        for slot in eng._loop.slots:
+            view = slot.kv.backend
+            keep = view.remove
+
+            def remove(start, end=-1, keep=keep):
+                if start > 0 and end == -1:  # a tail: refused, as a cache that cannot drop it answers
+                    refused.append(start)
+                    return False
+                return keep(start, end)
+
+            view.remove = remove
+        caplog.set_level("WARNING", logger="runtime.speculative")
+        spec = _run_manual(eng, [_chat(eng, CHATS[1], 40)])[0]
+        assert refused and spec.text[:60] == plain.text[:60] and spec.stop_reason in ("eos", "length")
+        assert spec.speculation["drafted"] > 0 and not spec.speculation["on"]
+        assert "speculation disabled: the KV cache cannot drop draft cells in place" in caplog.text
+        _cells_hold_kv_tokens(eng)
