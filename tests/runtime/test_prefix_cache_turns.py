@@ -102,3 +102,24 @@ def test_interleaved_chats_get_their_answers_back_from_the_cache(smol_llm) -> No
         assert result.reuse_source == "saved"
         # the answer's tokens (all but the last sampled one) come back, not only the first turn's prompt
         assert result.reused_tokens >= before.tokens_in + before.tokens_out - 2, (result.reused_tokens, before)
+
+
+# -- a draft model identical to the target: its drafts are the target's own greedy tokens --------------------------
+def test_the_target_as_its_own_draft_has_every_forced_draft_accepted(smollm) -> None:
+    """Guards the draft model's KV sync (positions, the token it starts from, dropped rejected cells): the same
+    GGUF drafting greedily proposes exactly the target's greedy tokens, so forced drafts are all accepted. The
+    prompt is shorter than the draft's catch-up window (runtime/draft.py WINDOW): past it the draft restarts on
+    the context's last WINDOW tokens by design, sees less than the target and proposes otherwise now and then."""
+    from runtime.llm import LLM
+    from runtime.speculative import Adaptive, Speculator
+
+    class Forced(Adaptive):  # drafts 3 tokens every step, whatever it measures
+        def plan(self, limit: int | None = None) -> int:
+            return 3 if limit is None else min(3, limit)
+
+    with LLM.load(smollm, memory="1G", ctx=1024, threads=1, draft=str(smollm.path())) as llm:
+        llm.speculator = Speculator(llm.draft, Forced())
+        params = SamplingParams(temperature=0.0, max_tokens=40, seed=1)
+        result = llm.chat([{"role": "user", "content": "Explain how a refrigerator keeps food cold."}], params).finish()
+    spec = result.speculation
+    assert spec["drafted"] >= 20 and spec["accepted"] >= 0.9 * spec["drafted"], spec
