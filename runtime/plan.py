@@ -10,9 +10,10 @@ memory (what RSS measures), because that is what runs out on a small device:
   only ``pad256(min(n_ctx, window + n_ubatch))`` cells, because edgerun loads with
   ``swa_full=False``; full-attention layers hold ``n_ctx`` cells (padded to 256
   for flash attention);
-* ``compute``: activations of one micro-batch (``n_ubatch`` tokens) plus one row
-  of logits. llama.cpp *reserves* the worst case (logits for every token of a
-  micro-batch: 512 MiB for Gemma's 262k vocabulary) as address space, but only
+* ``compute``: activations of one micro-batch (``n_ubatch`` tokens) plus the rows
+  of logits read back: per sequence, its next token's and one per drafted token that
+  speculative decoding verifies in the same step (``VERIFY_ROWS``). llama.cpp
+  *reserves* the worst case (logits for every token of a micro-batch: 512 MiB for Gemma's 262k vocabulary) as address space, but only
   the rows we ask for are ever touched; the reservation is reported as
   ``compute_reserved`` and not counted against the budget;
 * ``prefix_cache``: the byte bound of saved prefix states;
@@ -47,6 +48,7 @@ from typing import Any
 
 from runtime.errors import BadInput, DoesNotFit
 from runtime.gguf_file import GGUFInfo
+from runtime.speculative import K_MAX
 from runtime.units import fmt_bytes
 
 RUNTIME_OVERHEAD = 80 << 20  # interpreter + numpy + libllama + jinja2 + fixed context allocations (x86_64, see above)
@@ -303,9 +305,17 @@ class MemoryPlan:
         return f"{self.n_ctx} ctx" if self.n_slots == 1 else f"{self.n_slots} x {self.slot_ctx} ctx"
 
 
+
+# Rows of logits one sequence reads back in a step: its next token, and each token of a speculative draft
+# verified with it (runtime/speculative.py K_MAX). llama.cpp grows its output buffer to the rows asked for,
+# so a verify step touches them all (about 1 MiB a row for Gemma 3's 262k vocabulary).
+VERIFY_ROWS = 1 + K_MAX
+
 def default_prefix_cache_bytes(budget: int) -> int:
-    """Small on small devices: 1/16 of the budget, at most 64 MiB."""
-    return min(64 << 20, budget // 16)
+    """1/16 of the budget, at most 256 MiB: small on small devices (a 1 GiB budget keeps 64 MiB), and on a box
+    with memory to spare room for the saved turns of about ten alternating conversations of a small model
+    (SmolLM2-135M's f16 cells are 23 KB: nine household chats of ~500 tokens need ~108 MB; bench/workload.py)."""
+    return min(256 << 20, budget // 16)
 
 
 def default_budget() -> int:
@@ -337,8 +347,8 @@ def _build(shape: LLMShape, name: str, weights: int, budget: int, n_ctx: int, kv
         kv_bytes=int(full * n_ctx * slots) + swa_bytes,
         kv_bytes_per_token=full,
         kv_swa_bytes=swa_bytes,
-        compute_bytes=shape.compute_bytes(ub, slots),
-        compute_reserved_bytes=shape.compute_reserved_bytes(ub, slots),
+        compute_bytes=shape.compute_bytes(ub, slots * VERIFY_ROWS),
+        compute_reserved_bytes=shape.compute_reserved_bytes(ub, slots * VERIFY_ROWS),
         prefix_cache_bytes=prefix,
         runtime_bytes=RUNTIME_OVERHEAD,
         vocab_bytes=shape.n_vocab * VOCAB_ENTRY_BYTES,

@@ -12,7 +12,7 @@ from devices.placement import cpu_placement
 from runtime.backends.llamacpp_batch import LlamaCppBatch
 from runtime.errors import BadInput
 from runtime.gguf_file import read_gguf
-from runtime.plan import CTX_PAD, MAX_SLOTS, KVType, plan_llm
+from runtime.plan import CTX_PAD, MAX_SLOTS, VERIFY_ROWS, KVType, plan_llm
 
 GiB = 1 << 30
 
@@ -24,8 +24,8 @@ def test_slots_split_the_kv_cache(smollm) -> None:
     assert (one.n_slots, one.slot_ctx, one.n_ctx) == (1, 512, 512)
     assert (four.n_slots, four.slot_ctx, four.n_ctx) == (4, 512, 2048)
     assert four.kv_bytes == 4 * one.kv_bytes
-    # A row of logits per sequence decoded together.
-    assert four.compute_bytes - one.compute_bytes == 3 * info.n_vocab * 4
+    # Rows of logits per sequence decoded together: its next token's and one per draft token verified with it.
+    assert four.compute_bytes - one.compute_bytes == 3 * VERIFY_ROWS * info.n_vocab * 4
     # Without --ctx the context one sequence would get is split between the slots.
     whole = plan_llm(info, GiB)
     split = plan_llm(info, GiB, slots=4)
