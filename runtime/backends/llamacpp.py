@@ -75,6 +75,21 @@ def _layer_devices(native_log: bool) -> Iterator[dict[int, str]]:
             llama_cpp.llama_log_set(_logger.llama_log_callback, ctypes.c_void_p(0))
 
 
+def tail_kept(mem: Any, seq: int, start: int, n_swa: int) -> bool:
+    """Whether the cells left after dropping positions >= ``start`` of ``seq`` can continue at ``start``.
+
+    llama.cpp's sliding-window layers (Gemma 3: 512 positions) free the cells that fell out of the window as a
+    sequence grows; ``llama_memory_seq_rm`` still succeeds when a tail is cut back further than that, and the next
+    token would then attend to a window with nothing in it: wrong text, no error. The token at ``start`` needs the
+    window's cells from ``start - n_swa`` on, so the cut is kept only when the window's oldest cell
+    (``llama_memory_seq_pos_min``, the sliding-window cache's for such a model) reaches back that far; otherwise
+    the caller starts the sequence over (llama-server's rule, server-context.cpp ``pos_min_thold``)."""
+    if n_swa <= 0 or start <= 0:
+        return True
+    pos_min = int(llama_cpp.llama_memory_seq_pos_min(mem, seq))
+    return 0 <= pos_min <= max(0, start - n_swa)
+
+
 def gpu_offload_supported() -> bool:
     return bool(llama_cpp.llama_supports_gpu_offload())
 
@@ -127,6 +142,7 @@ class LlamaCppBackend(LLMBackend):
         self._ctx = self._llm._ctx
         self._vocab = self._llm._model.vocab
         self._mem = llama_cpp.llama_get_memory(self._ctx.ctx)
+        self._n_swa = int(llama_cpp.llama_model_n_swa(self._llm._model.model))
         self.n_ctx = self._llm.n_ctx()
         self.gpu_offload = gpu_offload_supported()
         self._gpu_layers = gpu_layers
@@ -190,6 +206,7 @@ class LlamaCppBackend(LLMBackend):
         ok = bool(llama_cpp.llama_memory_seq_rm(self._mem, 0, start, end))
         if ok and end < 0:
             self._llm.n_tokens = min(self._llm.n_tokens, start)
+            ok = tail_kept(self._mem, 0, start, self._n_swa)
         return ok
 
     def shift(self, start: int, end: int, delta: int) -> None:

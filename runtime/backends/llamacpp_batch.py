@@ -20,7 +20,14 @@ from typing import Any
 
 from devices.backends import BackendName
 from runtime.backends.base import Offload, Placed, SpecialToken
-from runtime.backends.llamacpp import REPEAT_LAST_N, LlamaCppBackend, _layer_devices, gpu_offload_supported, layer_offload
+from runtime.backends.llamacpp import (
+    REPEAT_LAST_N,
+    LlamaCppBackend,
+    _layer_devices,
+    gpu_offload_supported,
+    layer_offload,
+    tail_kept,
+)
 from runtime.errors import BackendError, missing, one_line
 from runtime.plan import MemoryPlan
 from runtime.sampling import SamplingParams
@@ -100,6 +107,7 @@ class LlamaCppBatch:
             raise BackendError(f"llama.cpp could not load {path} with {plan.n_slots} slots: {one_line(exc)}") from None
         self._vocab = self._model.vocab
         self._mem = llama_cpp.llama_get_memory(self._ctx.ctx)
+        self._n_swa = int(llama_cpp.llama_model_n_swa(self._model.model))
         self.n_slots = int(llama_cpp.llama_n_seq_max(self._ctx.ctx))
         self.slot_ctx = int(llama_cpp.llama_n_ctx_seq(self._ctx.ctx))
         self.n_batch = plan.n_batch
@@ -179,8 +187,10 @@ class LlamaCppBatch:
         return where
 
     def remove(self, seq: int, start: int, end: int = -1) -> bool:
-        """Drop the cells of ``seq`` with positions in [start, end) (end -1: to the end)."""
-        return bool(llama_cpp.llama_memory_seq_rm(self._mem, seq, start, end))
+        """Drop the cells of ``seq`` with positions in [start, end) (end -1: to the end); False when a tail cut left
+        a sliding window that cannot continue at ``start`` (see :func:`~runtime.backends.llamacpp.tail_kept`)."""
+        ok = bool(llama_cpp.llama_memory_seq_rm(self._mem, seq, start, end))
+        return ok and (end >= 0 or tail_kept(self._mem, seq, start, self._n_swa))
 
     def shift(self, seq: int, start: int, end: int, delta: int) -> None:
         llama_cpp.llama_memory_seq_add(self._mem, seq, start, end, delta)
