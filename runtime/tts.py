@@ -50,8 +50,8 @@ ESPEAK_TIMEOUT_S = 30.0
 # in the voice assistant's process with ONNX Runtime started (its term: runtime.speech_models.ORT_RUNTIME_BYTES): the
 # session adds 126 MiB, twice the file (the initializers ORT copies, and the checker's parse; WEIGHTS_FACTOR); piper's
 # phonemizer and rounds of synthesis up to a MAX_PIECE_CHARS piece, ORT's arena shrunk after each (_ShrinkingSession),
-# keep up to 48 MiB more and peak up to 101 MiB above that (WORKING_BYTES).
-WEIGHTS_FACTOR, WORKING_BYTES = 2.1, 150 << 20
+# keep 35-64 MiB more and peak 99-104 MiB above that (WORKING_BYTES: 168 at most, over several runs).
+WEIGHTS_FACTOR, WORKING_BYTES = 2.1, 170 << 20
 
 
 @dataclass(frozen=True)
