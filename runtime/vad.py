@@ -39,8 +39,9 @@ MODEL_FILE = "silero_vad_v6.onnx"
 MAX_RUN_FRAMES = 64  # frames scored in one ONNX Runtime call (2 s): bounds the working memory, whatever a caller feeds
 # Measured RSS on x86_64 by scripts/speech_memory.py (ORT 1.32, one thread, the 1.2 MB model), over the voice
 # assistant's process with ONNX Runtime started (its term: runtime.speech_models.ORT_RUNTIME_BYTES): the session adds
-# 7 MiB, scoring (at most MAX_RUN_FRAMES a call) under 1 more: WEIGHTS_FACTOR x the file and WORKING_BYTES.
-WEIGHTS_FACTOR, WORKING_BYTES = 3, 8 << 20
+# 7 MiB, scoring (at most MAX_RUN_FRAMES a call) under 1 more; alone in a process (its session ORT's first) 55.6 MiB
+# in all: WEIGHTS_FACTOR x the file and WORKING_BYTES.
+WEIGHTS_FACTOR, WORKING_BYTES = 3, 12 << 20
 
 
 def vad_plan(files: SpeechFiles) -> SpeechPlan:
