@@ -233,7 +233,8 @@ def run_edgerun(job: dict[str, Any]) -> dict[str, Any]:
     from runtime.metrics import peak_rss_bytes
 
     sessions = [Session(**s) for s in job["sessions"]]
-    with LLM.load(job["model"], ctx=job["n_ctx"], threads=job["threads"]) as llm:
+    options = {} if job.get("speculate", True) else {"speculate": False}
+    with LLM.load(job["model"], ctx=job["n_ctx"], threads=job["threads"], **options) as llm:
         def ask(messages: list[dict[str, str]], max_tokens: int):
             params = llm.params(temperature=0.0, repeat_penalty=1.0, max_tokens=max_tokens, seed=0)
             gen = llm.chat(messages, params)
@@ -417,6 +418,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-tokens", type=int, help="cap every turn's max_tokens (a smoke run)")
     ap.add_argument("--no-control", dest="control", action="store_false",
                     help="skip the control run (raw with flash_attn=True, only to check the greedy text against)")
+    ap.add_argument("--no-speculate", dest="speculate", action="store_false",
+                    help="edgerun without speculative decoding (an ablation: what the prefix cache alone gives)")
     ap.add_argument("--workload", type=Path, default=WORKLOAD_DIR, help=argparse.SUPPRESS)
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "workload.json")
     ap.add_argument("--worker", choices=SIDES, help=argparse.SUPPRESS)
@@ -458,7 +461,7 @@ def _bench(args: argparse.Namespace) -> int:
         "machine": machine(), "uptime_before": uptime(), "versions": versions(),
         "model": {"ref": model.manifest.ref, "gguf": str(model.path())},
         "n_ctx": args.ctx,
-        "speculation_option": _speculation_option(),
+        "speculation_option": _speculation_option() and args.speculate,
         "sessions": [{"name": s.name, "kind": s.kind, "turns": len(s.turns), "max_tokens": list(s.max_tokens),
                       "sources": list(s.sources)} for s in sessions],
         "turns_per_order": sum(len(s.turns) for s in sessions),
@@ -466,7 +469,7 @@ def _bench(args: argparse.Namespace) -> int:
     }
     for order in args.orders:
         job = {"model": str(model.directory), "gguf": str(model.path()), "n_ctx": args.ctx, "threads": args.threads,
-               "order": order, "sessions": [asdict(s) for s in sessions]}
+               "order": order, "sessions": [asdict(s) for s in sessions], "speculate": args.speculate}
         runs = {"edgerun": spawn("edgerun", job)}
         job["threads"] = runs["edgerun"]["threads"]  # the threads edgerun chose
         runs["raw"] = spawn("raw", job)
