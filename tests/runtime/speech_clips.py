@@ -8,7 +8,6 @@ The models are loaded once per process and shared by the modules that import the
 from __future__ import annotations
 
 import functools
-import re
 
 import numpy as np
 
@@ -47,20 +46,13 @@ def silence(seconds: float, seed: int = 0) -> np.ndarray:
     return np.random.default_rng(seed).normal(0.0, 3e-4, int(seconds * RATE)).astype(np.float32)
 
 
-def words(text: str) -> list[str]:
-    return re.sub(r"[^a-z0-9' ]", " ", text.lower()).split()
-
-
 def word_error_rate(reference: str, hypothesis: str) -> float:
-    """Word edits (substitutions, deletions, insertions) over the reference's words, after lower-casing and
-    dropping punctuation."""
-    ref, hyp = words(reference), words(hypothesis)
-    row = list(range(len(hyp) + 1))
-    for i, r in enumerate(ref, 1):
-        prev, row[0] = row[0], i
-        for j, h in enumerate(hyp, 1):
-            prev, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, prev + (r != h))
-    return row[-1] / max(1, len(ref))
+    """Word edits (substitutions, deletions, insertions) over the reference's words, scored as the voice
+    benchmark scores them (scripts/make_voice_audio.py: lower case, no punctuation, numbers as words)."""
+    from scripts.make_voice_audio import word_errors
+
+    errors, n = word_errors(reference, hypothesis)
+    return errors / max(1, n)
 
 
 _models: dict[str, object] = {}
