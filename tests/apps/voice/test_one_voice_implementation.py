@@ -10,9 +10,10 @@ from tests.test_one_implementation import ROOT, _functions_using, _sources
 
 def test_wake_words_are_scored_on_a_stream_in_one_place() -> None:
     # openWakeWord windows scored on live audio (the assistant's pipeline and the Wyoming server's detect requests):
-    # apps/voice/wake.py's WakeStream.feed. The whole-clip path (edgerun run / classify) is runtime.audio_classifier's.
+    # apps/voice/wake.py's WakeStream (its _step, which feed calls per 160 ms of audio). The whole-clip path
+    # (edgerun run / classify) is runtime.audio_classifier's.
     streaming = [f for f in _functions_using("frontend", "scores") if f.startswith("apps/")]
-    assert streaming == ["apps/voice/wake.py:feed"]
+    assert streaming == ["apps/voice/wake.py:_step"]
 
 
 def test_a_streamed_utterance_is_transcribed_in_one_place() -> None:
