@@ -29,6 +29,8 @@ from pathlib import Path
 
 import numpy as np
 
+from devices.backends import BackendName
+
 PHRASES = ("Turn on the kitchen lights please.", "What is the capital of France?", "Set a timer for ten minutes.",
            "The quick brown fox jumps over the lazy dog.", "Please remind me to call my mother tomorrow morning.")
 # longer than runtime.tts.MAX_PIECE_CHARS, no comma: its first piece is the longest Piper is given (the working memory planned)
@@ -110,8 +112,8 @@ def child(kind: str, threads: int, audio: str) -> dict:
 
 
 # The library each row of the voice plan imports, as the modules that load it (in that order).
-LIBRARY_MODULES = {"litert": ("ai_edge_litert.interpreter",), "ort": ("onnxruntime", "onnx"),
-                   "ctranslate2": ("faster_whisper",), "llamacpp": ("llama_cpp",)}
+LIBRARY_MODULES = {BackendName.LITERT.value: ("ai_edge_litert.interpreter",), BackendName.ORT.value: ("onnxruntime", "onnx"),
+                   "ctranslate2": ("faster_whisper",), BackendName.LLAMACPP.value: ("llama_cpp",)}
 ROUNDS = 3  # of work per model; the allocators' caches settle within two
 
 
@@ -185,7 +187,7 @@ def assistant(wake: str | None, threads: int, audio: str) -> dict:
         before = _status("VmRSS")
         for module in LIBRARY_MODULES.get(lib, ()):
             importlib.import_module(module)
-        if lib == "ort":
+        if lib == BackendName.ORT.value:
             started.append(_ort_started())
         libraries[lib] = _status("VmRSS") - before
     out["libraries"] = libraries
