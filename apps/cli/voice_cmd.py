@@ -13,7 +13,7 @@ import logging
 import sys
 from typing import Any
 
-from apps.cli.flags import integer, size, thread_count
+from apps.cli.flags import integer, sampling_value, size, thread_count
 
 HELP = "a local voice assistant: microphone or WAV in, speaker or WAV out, all models under one memory plan"
 log = logging.getLogger(__name__)
@@ -36,6 +36,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="voice (default piper-joe-medium, needs the GPL-3.0 piper-tts extra; espeak-ng: the program)")
     parser.add_argument("--threads", type=thread_count, metavar="N", help="CPU threads of the LLM and the recognizer")
     parser.add_argument("--system", metavar="TEXT", help="the system prompt (default: short spoken answers)")
+    parser.add_argument("--temperature", type=sampling_value("temperature"), metavar="T",
+                        help="LLM: 0 is greedy, the same answer every time (default: the bundle's)")
+    parser.add_argument("--seed", type=sampling_value("seed"), metavar="N", help="LLM: the same seed gives the same answers")
     parser.add_argument("--plan", action="store_true", help="print the memory plan and exit (exit 3 when it does not fit)")
     parser.add_argument("--barge-in", action=argparse.BooleanOptionalAction, default=None,
                         help="speech while the assistant answers stops it (default on, off with mic and speaker: "
@@ -104,7 +107,8 @@ def _converse(args: argparse.Namespace, wanted: Any, manager: Any, source: Any, 
     live = args.input == "mic" and args.output == "speaker"
     barge_in = (not live) if args.barge_in is None else args.barge_in
     with leased_models(manager, tts=wanted.tts, wake=wanted.wake) as models:
-        pipeline = Pipeline(models, sink, conversation=Conversation(args.system or SYSTEM_PROMPT),
+        pipeline = Pipeline(models, sink, conversation=Conversation(args.system or SYSTEM_PROMPT, **{
+            k: v for k in ("temperature", "seed") if (v := getattr(args, k)) is not None}),
                             options=Options(barge_in=barge_in and not args.fast, hold_input=args.fast),
                             on_event=_printer(args.json))
         print("listening" + (f" for the wake word {wanted.wake!r}" if wanted.wake else "") + " (Ctrl-C ends)",
