@@ -18,7 +18,8 @@ from devices.backends import BackendName
 from runtime.bundle import ModelKind
 from runtime.errors import BadInput
 from runtime.gguf_file import read_gguf
-from runtime.plan import KVType, MemoryPlan, default_budget, plan_llm, split_by_device
+from runtime.plan import KVType, MemoryPlan, default_budget, plan_llm
+from runtime.plan_device import split_by_device
 from runtime.resolve import ResolvedModel, resolve
 from runtime.units import parse_size
 

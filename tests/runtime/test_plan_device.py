@@ -1,4 +1,4 @@
-"""The planner's host and device memory once llama.cpp offloads layers (runtime.plan.split_by_device).
+"""The planner's host and device memory once llama.cpp offloads layers (runtime.plan_device.split_by_device).
 
 llama.cpp puts layers il >= n_layer + 1 - k on the GPU for n_gpu_layers = k (the output layer is layer n_layer), keeps
 the token embedding on the CPU, keeps each layer's KV cache with the layer, and copies a tied embedding to the output
@@ -17,7 +17,8 @@ import pytest
 from devices.gpu_memory import unified_memory
 from devices.machine import detect
 from runtime.gguf_file import read_gguf
-from runtime.plan import DEVICE_RUNTIME_OVERHEAD, plan_llm, split_by_device
+from runtime.plan import plan_llm
+from runtime.plan_device import DEVICE_RUNTIME_OVERHEAD, split_by_device
 from tests.devices.conftest import FIXTURES
 from tests.ggufgen import write_tiny
 
