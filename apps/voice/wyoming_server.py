@@ -129,22 +129,19 @@ class WyomingService:
             info.asr.append(AsrProgram(
                 name="edgerun-asr", attribution=EDGERUN, installed=True, version=version,
                 description="edgerun speech-to-text (faster-whisper, CTranslate2 INT8 on the CPU)",
-                models=[AsrModel(name=a.shown, attribution=a.attribution or EDGERUN, installed=True, description=a.description or a.shown,
-                                 version=None, languages=list(a.languages))]))
+                models=[AsrModel(**_described(a))]))
         if self.tts is not None:
             t = self.tts
             info.tts.append(TtsProgram(
                 name="edgerun-tts", attribution=EDGERUN, installed=True, version=version,
                 description="edgerun text-to-speech", supports_synthesize_streaming=True,
-                voices=[TtsVoice(name=t.shown, attribution=t.attribution or EDGERUN, installed=True, description=t.description or t.shown,
-                                 version=None, languages=list(t.languages))]))
+                voices=[TtsVoice(**_described(t))]))
         if self.wake is not None:
             w = self.wake
             info.wake.append(WakeProgram(
                 name="edgerun-wake", attribution=EDGERUN, installed=True, version=version,
                 description="edgerun wake-word detection (openWakeWord front end and head)",
-                models=[WakeModel(name=w.shown, attribution=w.attribution or EDGERUN, installed=True, description=w.description or w.shown,
-                                  version=None, languages=list(w.languages), phrase=w.phrase or w.shown)]))
+                models=[WakeModel(**_described(w), phrase=w.phrase or w.shown)]))
         return info
 
     # -- model calls (blocking: run in worker threads) ----------------------------------------------------------
@@ -188,6 +185,12 @@ def _asr_text(asr: Any, samples: np.ndarray) -> str:
 def _tts_pieces(tts: Any, text: str) -> Iterator[tuple[np.ndarray, int]]:
     for chunk in tts.speak(text):  # runtime.tts: a SpeechChunk per sentence
         yield np.asarray(chunk.samples, np.float32), int(chunk.rate)
+
+
+def _described(m: Any) -> dict[str, Any]:
+    """The fields every Wyoming model or voice description has, from a served model's description."""
+    return {"name": m.shown, "attribution": m.attribution or EDGERUN, "installed": True,
+            "description": m.description or m.shown, "version": None, "languages": list(m.languages)}
 
 
 def _version() -> str | None:
