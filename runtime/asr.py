@@ -40,6 +40,7 @@ from typing import Any
 
 import numpy as np
 
+from runtime import heap
 from runtime.errors import BackendError, BadInput, one_line
 from runtime.optional import require
 from runtime.speech_models import SpeechFiles, SpeechPlan, check_samples, resolve_speech
@@ -54,13 +55,13 @@ INSTALL = "pip install 'edgerun[voice]'  (faster-whisper)"
 # Measured RSS on x86_64 by scripts/speech_memory.py --assistant (tiny.en, INT8, 2 threads, CTranslate2 4.8.5), in the
 # voice assistant's process (interpreter, numpy and edgerun are the LLM's runtime term): importing faster_whisper
 # (CTranslate2, tokenizers, PyAV) adds 25.3 MiB (RUNTIME_BYTES, the "ctranslate2" term); loading adds 68 MiB, under the
-# float16 model.bin's 72 (WEIGHTS_FACTOR); rounds of decoding, a full 30 s window included, keep 64-112 MiB more (the
-# freed buffers of the encoder over 3000 mel frames stay in glibc's heaps once its mmap threshold has risen past them;
-# how much depends on what the other models' threads hold there) and peak 51-55 MiB above that (WORKING_BYTES: 163
-# at most, over several runs). All told: 230 MiB measured at most, against 262 planned.
+# float16 model.bin's 72 (WEIGHTS_FACTOR); a decode, a full 30 s window included, peaks 121-128 MiB above that (the
+# encoder over 3000 mel frames) and, the heap trimmed after it (runtime.heap), keeps under 1 MiB of it: WORKING_BYTES.
+# Untrimmed, the freed buffers stayed in glibc's heaps, 64-112 MiB of them depending on which threads had freed what.
+# All told: 195 MiB measured at most over 8 runs, against 208 planned.
 RUNTIME_BYTES = 26 << 20
 WEIGHTS_FACTOR = 1.0
-WORKING_BYTES = 164 << 20
+WORKING_BYTES = 136 << 20
 
 
 def asr_plan(files: SpeechFiles) -> SpeechPlan:
@@ -162,6 +163,7 @@ class ASR:
                 temperature=0.0, condition_on_previous_text=False, without_timestamps=True, vad_filter=False,
                 initial_prompt=prompt)
             parts = list(segments)  # the decode runs as the generator is consumed
+            heap.trim()  # the encoder's freed buffers go back to the system (runtime.heap)
         elapsed = time.perf_counter() - t0
         text = " ".join(s.text.strip() for s in parts if s.text.strip())
         return Transcript(text, seconds, elapsed, max((s.no_speech_prob for s in parts), default=1.0))

@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from runtime import heap
 from runtime.errors import BackendError, BadInput, MissingDependency, one_line
 from runtime.optional import require
 from runtime.speech_models import SpeechFiles, SpeechPlan, ort_session, resolve_speech
@@ -49,9 +50,10 @@ ESPEAK_TIMEOUT_S = 30.0
 # Measured RSS on x86_64 by scripts/speech_memory.py --assistant (ORT 1.32, 2 threads, en_US-joe-medium, 63 MB .onnx),
 # in the voice assistant's process with ONNX Runtime started (its term: runtime.speech_models.ORT_RUNTIME_BYTES): the
 # session adds 126 MiB, twice the file (the initializers ORT copies, and the checker's parse; WEIGHTS_FACTOR); piper's
-# phonemizer and rounds of synthesis up to a MAX_PIECE_CHARS piece, ORT's arena shrunk after each (_ShrinkingSession),
-# keep 35-64 MiB more and peak 99-104 MiB above that (WORKING_BYTES: 168 at most, over several runs).
-WEIGHTS_FACTOR, WORKING_BYTES = 2.1, 170 << 20
+# phonemizer and rounds of synthesis up to a MAX_PIECE_CHARS piece peak 107-110 MiB above that and, ORT's arena shrunk
+# (_ShrinkingSession) and the heap trimmed (runtime.heap) after each sentence, keep 2 MiB (WORKING_BYTES: 112 at most
+# over 8 runs; untrimmed, glibc's arenas kept 16-84 MiB more, which threads had freed what deciding how much).
+WEIGHTS_FACTOR, WORKING_BYTES = 2.1, 124 << 20
 
 
 @dataclass(frozen=True)
@@ -112,8 +114,9 @@ class _ShrinkingSession:
 
     ORT's CPU arena grows in regions that double in size and keeps them, so what a voice holds after speaking depended
     on the history of its sentences: settled at 89 MiB in most runs of the same sentences, 187 MiB in others (one more
-    region). Shrunk after each run it keeps what glibc keeps (~48 MiB) and peaks ~101 MiB above that during a
-    MAX_PIECE_CHARS piece, every time: a bound the plan can count (WORKING_BYTES), for ~10 % more synthesis time."""
+    region). Shrunk after each run (and the C heap trimmed after each sentence: runtime.heap) it keeps ~2 MiB and peaks
+    107-110 MiB above that during a MAX_PIECE_CHARS piece, every time: a bound the plan can count (WORKING_BYTES), for
+    ~10 % more synthesis time."""
 
     def __init__(self, session: Any) -> None:
         import onnxruntime as ort
@@ -158,10 +161,11 @@ class PiperTTS:
         t0 = time.perf_counter()
         try:
             for piece in pieces(text):
-                for chunk in self._voice.synthesize(piece, self._syn):
+                for chunk in self._voice.synthesize(piece, self._syn):  # an ONNX Runtime run per sentence
                     audio = np.asarray(chunk.audio_float_array, np.float32).reshape(-1)
                     yield SpeechChunk(audio, self.rate, "".join(chunk.phonemes), time.perf_counter() - t0)
                     t0 = time.perf_counter()
+                    heap.trim()  # the run's freed buffers go back to the system, whichever thread's arena held them
         except (RuntimeError, ValueError) as exc:  # onnxruntime's errors derive from RuntimeError
             raise BackendError(f"{self.files.name}: Piper failed on {text[:40]!r} ({one_line(exc)})") from None
 

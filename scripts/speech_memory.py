@@ -115,6 +115,7 @@ def child(kind: str, threads: int, audio: str) -> dict:
 LIBRARY_MODULES = {BackendName.LITERT.value: ("ai_edge_litert.interpreter",), BackendName.ORT.value: ("onnxruntime", "onnx"),
                    "ctranslate2": ("faster_whisper",), BackendName.LLAMACPP.value: ("llama_cpp",)}
 ROUNDS = 3  # of work per model; the allocators' caches settle within two
+TOGETHER_ROUNDS = 4  # of a Whisper decode and a Piper sentence at once
 
 
 def _work(name: str, model: object, clips: list[np.ndarray]) -> None:
@@ -217,14 +218,16 @@ def assistant(wake: str | None, threads: int, audio: str) -> dict:
     if "asr" in models and "tts" in models:  # barge-in: a decode of the new question while a sentence is synthesized
         import threading
 
-        _reset_peak()
-        before = _status("VmRSS")
-        asr = threading.Thread(target=lambda: models["asr"].transcribe(clips[-1]))
-        asr.start()
-        list(models["tts"].speak(LONG))
-        asr.join()
-        out["together"] = _status("VmHWM") - before
-        out["peak"] = max(out["peak"], before + out["together"])
+        out["together"] = 0
+        for _ in range(TOGETHER_ROUNDS):  # how far the two overlap is up to the threads' timing: the most of a few tries
+            _reset_peak()
+            before = _status("VmRSS")
+            asr = threading.Thread(target=lambda: models["asr"].transcribe(clips[-1]))
+            asr.start()
+            list(models["tts"].speak(LONG))
+            asr.join()
+            out["together"] = max(out["together"], _status("VmHWM") - before)
+            out["peak"] = max(out["peak"], before + out["together"])
     out["rows"] = rows
     manager.close()
     return out
