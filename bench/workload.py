@@ -25,6 +25,12 @@ bench/results/workload.json with the machine, its load, the date and the version
 
     .venv/bin/python bench/workload.py [--model default] [--ctx 4096] [--threads N] [--orders sequential interleaved]
 
+--ablate adds a third side, "edgerun-plain": edgerun with speculation off (--no-speculate's edgerun), so that what
+speculation itself gives or costs is measured in the same run as the rest. --repeats N replays each side N times,
+the sides taking turns (edgerun, raw, edgerun-plain, edgerun, ...) so that a change in the machine's load falls on
+every side alike; each side's figures are from its run with the median effective tokens/s, and every run's figure is
+kept in the JSON.
+
 A control run per order, raw with flash_attn=True (edgerun runs flash attention; the raw library's default does
 not), checks the greedy text against the same attention kernel: floating-point sums in another order can flip a
 near-tie between two tokens, and the control tells that from a mistake. --no-control skips it.
@@ -55,6 +61,7 @@ from runtime.errors import BadInput, EdgerunError  # noqa: E402 - after the path
 WORKLOAD_DIR = ROOT / "bench" / "workload"
 ORDERS = ("sequential", "interleaved")
 SIDES = ("edgerun", "raw")
+PLAIN = "edgerun-plain"  # edgerun with speculation off (--ablate): what speculation itself gives, in the same run
 CONTROL = "raw-fa"  # raw with flash_attn=True: greedy text checked against it too (not a speed side)
 SESSION_KEYS = {"name", "kind", "about", "system", "max_tokens", "turns"}
 KINDS = ("chat", "summarize", "rewrite", "code")
@@ -305,6 +312,12 @@ def percentile(values: list[float], q: float) -> float:
     return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
 
 
+def median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The run with the median effective tokens/s (the lower middle one of an even count)."""
+    ranked = sorted(runs, key=lambda run: summarize(run)["effective_tps"])
+    return ranked[(len(ranked) - 1) // 2]
+
+
 def summarize(run: dict[str, Any]) -> dict[str, Any]:
     turns = run["turns"]
     tokens = sum(t["tokens"] for t in turns)
@@ -377,18 +390,25 @@ def print_table(report: dict[str, Any]) -> None:
     m = report["model"]
     print(f"workload: {len(report['sessions'])} sessions, {report['turns_per_order']} turns per order; {m['ref']}; "
           f"n_ctx {report['n_ctx']}; {report['uptime_before']}")
-    print(f"{'order':<12}{'side':<9}{'threads':>8}{'tokens':>8}{'wall s':>9}{'eff tok/s':>11}{'TTFT p50 ms':>13}"
+    print(f"{'order':<12}{'side':<14}{'threads':>8}{'tokens':>8}{'wall s':>9}{'eff tok/s':>11}{'TTFT p50 ms':>13}"
           f"{'TTFT p95 ms':>13}{'peak RSS MiB':>14}{'load':>6}")
     for order, o in report["orders"].items():
-        for side in SIDES:
+        for side in (*SIDES, *([PLAIN] if PLAIN in o else [])):
             s, run = o[side], o["runs"][side]
-            print(f"{order:<12}{side:<9}{s['threads']:>8}{s['tokens']:>8}{s['wall_s']:>9.1f}{s['effective_tps']:>11.1f}"
+            print(f"{order:<12}{side:<14}{s['threads']:>8}{s['tokens']:>8}{s['wall_s']:>9.1f}{s['effective_tps']:>11.1f}"
                   f"{s['ttft_p50_ms']:>13.1f}{s['ttft_p95_ms']:>13.1f}{s['peak_rss_mib']:>14.1f}{run['load_before'][0]:>6.2f}")
         same = o["greedy"]
         line = (f"{'':<12}edgerun/raw effective tokens/s {o['ratio']:.2f}x; greedy text identical in "
                 f"{same['turns'] - same['mismatches']}/{same['turns']} turns")
         print(line)
         _print_mismatch(same["first_mismatch"], "raw")
+        if len(next(iter(o.get("repeats", {"": [0]}).values()))) > 1:
+            print(f"{'':<12}effective tok/s of every run (median shown above): "
+                  + "; ".join(f"{side} " + " ".join(f"{x:.1f}" for x in xs) for side, xs in o["repeats"].items()))
+        if PLAIN in o:
+            plain = o["greedy_vs_plain"]
+            print(f"{'':<12}speculation on/off (edgerun / {PLAIN}) effective tokens/s {o['speculation_ratio']:.3f}x; greedy "
+                  f"text identical in {plain['turns'] - plain['mismatches']}/{plain['turns']} turns")
         d = o["edgerun_detail"]
         print(f"{'':<12}edgerun reused {d['reused_tokens']}/{d['prompt_tokens']} prompt tokens (turns by source: "
               + ", ".join(f"{k} {v}" for k, v in sorted(d["reuse_sources"].items()))
@@ -420,14 +440,17 @@ def main(argv: list[str] | None = None) -> int:
                     help="skip the control run (raw with flash_attn=True, only to check the greedy text against)")
     ap.add_argument("--no-speculate", dest="speculate", action="store_false",
                     help="edgerun without speculative decoding (an ablation: what the prefix cache alone gives)")
+    ap.add_argument("--ablate", action="store_true",
+                    help=f"add a side {PLAIN!r}, edgerun with speculation off, to measure speculation in the same run")
+    ap.add_argument("--repeats", type=int, default=1, help="runs of each side, taking turns; the median is reported (default 1)")
     ap.add_argument("--workload", type=Path, default=WORKLOAD_DIR, help=argparse.SUPPRESS)
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "workload.json")
-    ap.add_argument("--worker", choices=SIDES, help=argparse.SUPPRESS)
+    ap.add_argument("--worker", choices=(*SIDES, PLAIN), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.worker:
         job = json.loads(sys.stdin.read())
         try:
-            print(json.dumps((run_edgerun if args.worker == "edgerun" else run_raw)(job)))
+            print(json.dumps((run_raw if args.worker == "raw" else run_edgerun)(job)))
         except EdgerunError as exc:
             print(f"{exc}", file=sys.stderr)
             return exc.exit_code
@@ -443,7 +466,8 @@ def _bench(args: argparse.Namespace) -> int:
     from runtime.resolve import resolve
 
     sessions = load_sessions(args.workload, args.sessions)
-    for flag, value in (("--turns", args.turns), ("--max-tokens", args.max_tokens), ("--ctx", args.ctx), ("--threads", args.threads)):
+    for flag, value in (("--turns", args.turns), ("--max-tokens", args.max_tokens), ("--ctx", args.ctx), ("--threads", args.threads),
+                        ("--repeats", args.repeats)):
         if value is not None and value < 1:
             raise BadInput(f"{flag} must be a positive integer, got {value}")
     if args.turns or args.max_tokens:
@@ -470,13 +494,22 @@ def _bench(args: argparse.Namespace) -> int:
     for order in args.orders:
         job = {"model": str(model.directory), "gguf": str(model.path()), "n_ctx": args.ctx, "threads": args.threads,
                "order": order, "sessions": [asdict(s) for s in sessions], "speculate": args.speculate}
-        runs = {"edgerun": spawn("edgerun", job)}
-        job["threads"] = runs["edgerun"]["threads"]  # the threads edgerun chose
-        runs["raw"] = spawn("raw", job)
+        sides = [*SIDES, *([PLAIN] if args.ablate else [])]
+        every: dict[str, list[dict[str, Any]]] = {side: [] for side in sides}
+        for _ in range(args.repeats):
+            for side in sides:
+                every[side].append(spawn(side, {**job, "speculate": False} if side == PLAIN else job))
+                if job["threads"] is None:
+                    job["threads"] = every[side][-1]["threads"]  # the threads edgerun chose, for every later run
+        runs = {side: median_run(every[side]) for side in sides}
         e, r = summarize(runs["edgerun"]), summarize(runs["raw"])
         result = {"edgerun": e, "raw": r, "ratio": e["effective_tps"] / r["effective_tps"] if r["effective_tps"] else 0.0,
                   "greedy": compare(runs["edgerun"], runs["raw"]), "edgerun_detail": edgerun_detail(runs["edgerun"]),
-                  "runs": runs}
+                  "runs": runs, "repeats": {side: [summarize(run)["effective_tps"] for run in every[side]] for side in sides}}
+        if args.ablate:
+            p = result[PLAIN] = summarize(runs[PLAIN])
+            result["speculation_ratio"] = e["effective_tps"] / p["effective_tps"] if p["effective_tps"] else 0.0
+            result["greedy_vs_plain"] = compare(runs["edgerun"], runs[PLAIN])
         if args.control:
             runs[CONTROL] = spawn("raw", {**job, "flash_attn": True})
             result[CONTROL] = summarize(runs[CONTROL])

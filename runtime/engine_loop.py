@@ -263,6 +263,8 @@ class Loop:
             self.failed += 1
             seq.handle._push(Event("error", error=error))
             return
+        if seq.out > 1:  # the prompt and its answer: a chat's next turn extends them, whichever slot it gets
+            slot.kv.save_prefix()  # (it supersedes the prompt's entry: runtime/prefix_cache.py)
         piece, result = seq.finish(self.backend.slot_ctx, self.plan.kv_type.value, self.cache.stats())
         if piece:
             seq.handle._push(Event("text", piece))

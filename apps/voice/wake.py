@@ -35,6 +35,7 @@ PHASES = 8  # interleaved 80 ms grids scored (1, 2, 4 or 8): an embedding every 
 # windows that follow it, and beside the next words they can score over the threshold again (measured: a second hit
 # 1.04 s after the first, on the same "Alexa" followed by a question).
 REFRACTORY_S = 2.0
+PRIME_FRAMES = 8  # mel frames (80 ms) a (re)started stream hears before its background is taken from them (_prime)
 MAX_STEP_SAMPLES = 2560  # audio scored in one step (160 ms at 16 kHz: 16 mel frames, so 2 x PHASES windows)
 # The whole-clip front end's grid, in this stream's frames (its clip is padded with OWW_MIN_SAMPLES of silence in front):
 # with phases=1 the stream scores exactly the windows runtime.audio computes on the clip.
@@ -83,6 +84,7 @@ class WakeStream:
         self._pcm = np.zeros(OWW_FFT_SAMPLES - OWW_HOP_SAMPLES, np.float32)  # the first frame straddles the start
         self._mel = np.tile(self._floor, (OWW_MEL_WINDOW - 1, 1))  # the frames before the stream: silence
         self._emb = np.tile(self._floor_emb, (_SPAN * self.phases, 1))
+        self._primed = False  # the time before the stream is made of its first step's quietest (see _prime)
         self._frames = 0  # mel frames of the stream made so far
         self._last_hit = -math.inf
         self.peak = 0.0  # the best score since the reset (what a missed word came closest to)
@@ -95,6 +97,17 @@ class WakeStream:
         # the windows scored together, and so the working memory the plan counts, stay one step's
         return [hit for at in range(0, len(x), MAX_STEP_SAMPLES) for hit in self._step(classifier, x[at : at + MAX_STEP_SAMPLES])]
 
+    def _prime(self, fe: Any, new: np.ndarray) -> None:
+        """The windows before the stream: its own background, not a synthetic floor. A stream (re)started in a room's
+        steady noise, after the floor's -100 dBFS history, heard the step from one to the other as a sound, and the
+        alexa head scored it up to 0.62 (measured: a false wake right after an answer, once the detector resumed in
+        -73 dBFS noise). Each mel bin's quietest value over the first step's frames (PRIME_FRAMES at least) stands for the
+        background before it: noise continues, and a word that begins at once is not stretched back over the window."""
+        level = new.min(axis=0)
+        self._mel = np.tile(level, (OWW_MEL_WINDOW - 1, 1))
+        self._emb = np.tile(fe.embed(np.tile(level, (OWW_MEL_WINDOW, 1)), [0])[0], (_SPAN * self.phases, 1))
+        self._primed = True
+
     def _step(self, classifier: Any, x: np.ndarray) -> list[Hit]:
         pcm = np.concatenate([self._pcm, x])
         n = (len(pcm) - OWW_FFT_SAMPLES) // OWW_HOP_SAMPLES + 1 if len(pcm) >= OWW_FFT_SAMPLES else 0
@@ -102,7 +115,12 @@ class WakeStream:
             self._pcm = pcm
             return []
         fe = classifier.frontend
+        if not self._primed and n < PRIME_FRAMES:  # too little to tell the background by: wait for more
+            self._pcm = pcm
+            return []
         new = np.maximum(fe.features(pcm[: (n - 1) * OWW_HOP_SAMPLES + OWW_FFT_SAMPLES]), self._floor)
+        if not self._primed:
+            self._prime(fe, new)
         mel = np.concatenate([self._mel, new])
         self._pcm = pcm[n * OWW_HOP_SAMPLES :]
         first, self._frames = self._frames, self._frames + n

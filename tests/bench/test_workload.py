@@ -139,3 +139,29 @@ def test_a_worker_refusal_is_one_line_with_its_exit_code(smollm, tmp_path, capsy
     err = capsys.readouterr().err
     assert "the edgerun worker (sequential) failed with exit 2" in err and "training context" in err and "Traceback" not in err
     assert not (tmp_path / "w.json").exists()  # no half-written report
+
+
+def test_median_run_is_the_middle_of_the_repeats() -> None:
+    from bench.workload import median_run
+
+    def run(tps: float) -> dict:
+        return {"turns": [{"tokens": int(tps * 10), "wall_s": 10.0, "ttft_s": 0.1}], "peak_rss_bytes": 1, "threads": 1, "id": tps}
+
+    assert median_run([run(3.0), run(1.0), run(2.0)])["id"] == 2.0
+    assert median_run([run(4.0), run(1.0), run(2.0), run(3.0)])["id"] == 2.0  # the lower middle of an even count
+    assert median_run([run(5.0)])["id"] == 5.0
+
+
+@pytest.mark.slow  # four fresh processes, each loading the model
+def test_ablate_runs_edgerun_without_speculation_in_the_same_run(smollm, tmp_path, capsys) -> None:
+    out = tmp_path / "workload.json"
+    argv = ["--sessions", "garden", "--turns", "1", "--max-tokens", "4", "--orders", "sequential", "--threads", "1",
+            "--no-control", "--ablate", "--repeats", "2", "--out", str(out)]
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "speculation on/off (edgerun / edgerun-plain)" in printed and "effective tok/s of every run" in printed
+    o = json.loads(out.read_text())["orders"]["sequential"]
+    assert {side: len(xs) for side, xs in o["repeats"].items()} == {"edgerun": 2, "raw": 2, "edgerun-plain": 2}
+    assert o["speculation_ratio"] > 0 and o["greedy_vs_plain"]["mismatches"] == 0  # greedy: the same text, on or off
+    plain = [t.get("speculation") or {} for t in o["runs"]["edgerun-plain"]["turns"]]
+    assert all(not s.get("enabled") for s in plain)  # speculation was off on that side

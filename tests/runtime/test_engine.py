@@ -103,6 +103,27 @@ def test_a_shared_start_is_reused(engine, reference) -> None:
     assert b.text == reference(SYSTEM + "which belt is slowest?", 8)
 
 
+def test_a_chats_next_turn_gets_its_answer_back_after_every_slot_served_others(engine) -> None:
+    """A finished request's prompt AND answer go to the prefix cache (superseding the prompt's entry): the next turn of
+    a chat restores both, even after other requests took every slot and overwrote its cells."""
+    chat = [{"role": "system", "content": "You are a helpful assistant for a household."},
+            {"role": "user", "content": "Name three vegetables that grow well in a cold climate."}]
+
+    def ask(messages: list[dict[str, str]]):
+        tokens, _ = engine.chat_prompt(messages)
+        return engine.generate(GenRequest(tokens, engine.params(temperature=0.0, max_tokens=24)), timeout=300)
+
+    first = ask(chat)
+    others = [engine.submit(_greedy(engine, p, 16)) for p in PROMPTS[:4]]  # four slots, four other requests at once
+    for handle in others:
+        handle.result(timeout=300)
+    chat += [{"role": "assistant", "content": first.text}, {"role": "user", "content": "Say that again in one sentence."}]
+    second = ask(chat)
+    assert second.reuse_source == "saved", second.reuse_source
+    # the answer's tokens (all but the last sampled one) come back, not only the first turn's prompt
+    assert second.reused_tokens >= first.tokens_in + first.tokens_out - 2, (second.reused_tokens, first.tokens_in, first.tokens_out)
+
+
 def test_saved_prefix_restores_into_another_slot(manual, reference) -> None:
     eng = manual
     one = eng.submit(_greedy(eng, SYSTEM + "which press is loudest?", 6))
