@@ -492,7 +492,8 @@ def _bench(args: argparse.Namespace) -> int:
         "orders": {},
     }
     for order in args.orders:
-        job = {"model": str(model.directory), "gguf": str(model.path()), "n_ctx": args.ctx, "threads": args.threads,
+        where = model.path() if Path(args.model).suffix == ".gguf" else model.directory  # a bare GGUF: the file itself
+        job = {"model": str(where), "gguf": str(model.path()), "n_ctx": args.ctx, "threads": args.threads,
                "order": order, "sessions": [asdict(s) for s in sessions], "speculate": args.speculate}
         sides = [*SIDES, *([PLAIN] if args.ablate else [])]
         every: dict[str, list[dict[str, Any]]] = {side: [] for side in sides}

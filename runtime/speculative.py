@@ -251,10 +251,12 @@ class Adaptive:
         measured = self._cost[k] if 0 < k < len(self._cost) else None
         if measured is not None:
             return measured
-        # not measured: per draft token, the cheapest seen at any length (batching costs grow less than linearly)
-        # or the prior, whichever is less: longer drafts get tried once shorter ones have shown what a token costs
-        per_token = [(c - 1.0) / n for n, c in enumerate(self._cost) if c is not None]
-        return 1.0 + min([self._beta, *per_token]) * k
+        # not measured: per draft token, the cheapest measured at any length (batching costs grow less than
+        # linearly, so a longer draft costs at most that), the prior only until a length is measured. Longer drafts
+        # get tried once shorter ones have shown that a token is cheap enough; a batch that costs a full step per
+        # token (Q4_1 on an x86 CPU) is not tried at every length in turn, each try a loss.
+        per_token = [(c - 1.0) / n for n, c in enumerate(self._cost) if c is not None and n > 0]
+        return 1.0 + (min(per_token) if per_token else self._beta) * k
 
     @property
     def t_plain(self) -> float | None:
