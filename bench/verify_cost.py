@@ -27,13 +27,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from runtime.errors import BadInput, EdgerunError  # noqa: E402 - after the path set-up above
-
-
-def expected_tokens(alpha: float, k: int) -> float:
-    """Tokens a verify batch of a k-token draft keeps on average (the accepted prefix, then one from the target)."""
-    from runtime.speculative import expected_tokens as kept
-
-    return kept(alpha, k)
+from runtime.speculative import expected_tokens  # noqa: E402
 
 
 def break_even(cost_steps: float, k: int) -> float | None:

@@ -402,7 +402,7 @@ def print_table(report: dict[str, Any]) -> None:
                 f"{same['turns'] - same['mismatches']}/{same['turns']} turns")
         print(line)
         _print_mismatch(same["first_mismatch"], "raw")
-        if len(next(iter(o.get("repeats", {"": [0]}).values()))) > 1:
+        if report.get("repeats", 1) > 1:
             print(f"{'':<12}effective tok/s of every run (median shown above): "
                   + "; ".join(f"{side} " + " ".join(f"{x:.1f}" for x in xs) for side, xs in o["repeats"].items()))
         if PLAIN in o:
@@ -489,10 +489,11 @@ def _bench(args: argparse.Namespace) -> int:
         "sessions": [{"name": s.name, "kind": s.kind, "turns": len(s.turns), "max_tokens": list(s.max_tokens),
                       "sources": list(s.sources)} for s in sessions],
         "turns_per_order": sum(len(s.turns) for s in sessions),
+        "repeats": args.repeats,
         "orders": {},
     }
+    where = model.path() if Path(args.model).suffix == ".gguf" else model.directory  # a bare GGUF: the file itself
     for order in args.orders:
-        where = model.path() if Path(args.model).suffix == ".gguf" else model.directory  # a bare GGUF: the file itself
         job = {"model": str(where), "gguf": str(model.path()), "n_ctx": args.ctx, "threads": args.threads,
                "order": order, "sessions": [asdict(s) for s in sessions], "speculate": args.speculate}
         sides = [*SIDES, *([PLAIN] if args.ablate else [])]

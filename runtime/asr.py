@@ -163,8 +163,8 @@ class ASR:
                 temperature=0.0, condition_on_previous_text=False, without_timestamps=True, vad_filter=False,
                 initial_prompt=prompt)
             parts = list(segments)  # the decode runs as the generator is consumed
-            heap.trim()  # the encoder's freed buffers go back to the system (runtime.heap)
         elapsed = time.perf_counter() - t0
+        heap.trim()  # the encoder's freed buffers go back to the system (runtime.heap), outside the model's lock
         text = " ".join(s.text.strip() for s in parts if s.text.strip())
         return Transcript(text, seconds, elapsed, max((s.no_speech_prob for s in parts), default=1.0))
 

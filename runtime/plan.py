@@ -13,7 +13,8 @@ memory (what RSS measures), because that is what runs out on a small device:
 * ``compute``: activations of one micro-batch (``n_ubatch`` tokens) plus the rows
   of logits read back: per sequence, its next token's and one per drafted token that
   speculative decoding verifies in the same step (``VERIFY_ROWS``). llama.cpp
-  *reserves* the worst case (logits for every token of a micro-batch: 512 MiB for Gemma's 262k vocabulary) as address space, but only
+  *reserves* the worst case (logits for every token of a micro-batch: 512 MiB for
+  Gemma's 262k vocabulary) as address space, but only
   the rows we ask for are ever touched; the reservation is reported as
   ``compute_reserved`` and not counted against the budget;
 * ``prefix_cache``: the byte bound of saved prefix states;
@@ -308,11 +309,11 @@ class MemoryPlan:
         return f"{self.n_ctx} ctx" if self.n_slots == 1 else f"{self.n_slots} x {self.slot_ctx} ctx"
 
 
-
 # Rows of logits one sequence reads back in a step: its next token, and each token of a speculative draft
 # verified with it (runtime/speculative.py K_MAX). llama.cpp grows its output buffer to the rows asked for,
 # so a verify step touches them all (about 1 MiB a row for Gemma 3's 262k vocabulary).
 VERIFY_ROWS = 1 + K_MAX
+
 
 def default_prefix_cache_bytes(budget: int) -> int:
     """1/16 of the budget, at most 256 MiB: small on small devices (a 1 GiB budget keeps 64 MiB), and on a box

@@ -21,7 +21,6 @@ _BLOCK = re.compile(r"^blk\.(\d+)\.")
 _OUTPUT = ("output.weight", "output.bias", "output_norm.weight", "output_norm.bias")
 
 
-
 def _layer_of(name: str, n_layer: int) -> int | None:
     """The layer a tensor belongs to: 0..n_layer-1, n_layer for the output layer, None for the input layer."""
     found = _BLOCK.match(name)

@@ -12,8 +12,8 @@ the stream started; each mel frame and each embedding is computed once, as the a
 audio's work, not a window's worth again: eight grids cost less than the one that was re-run over 2 s every step).
 The threshold is the bundle's own.
 
-Silence is a -100 dBFS hiss (:data:`SILENCE_RMS`), the same whether the audio is digital zeros or a quiet room, and the
-time before the stream (or a :meth:`WakeStream.reset`) is that silence.
+Silence is a -100 dBFS hiss (:data:`SILENCE_RMS`), the same whether the audio is digital zeros or a quiet room. The
+time before the stream (or a :meth:`WakeStream.reset`) is the stream's own background, taken from its first 80 ms.
 
 Memory: the last 75 mel frames, the last 15 x ``phases`` embeddings and under one frame of samples, whatever the
 stream's length.
@@ -43,7 +43,7 @@ _ALIGN = OWW_MEL_STEP - 1
 _SPAN = OWW_EMBEDDINGS - 1  # embeddings before the newest one in a head's window
 # Silence, as the stream hears it: a -100 dBFS hiss, below any microphone's own noise. openWakeWord's mel model clips
 # each call's quietest bins at 80 dB under its loudest, so digital zeros read differently beside speech and alone (-8,
-# a value no microphone gives); the stream's features are floored at this hiss's, and the time before the stream is it.
+# a value no microphone gives); the stream's features are floored at this hiss's.
 SILENCE_RMS = 1e-5
 
 
@@ -76,15 +76,15 @@ class WakeStream:
         fe = classifier.frontend
         hiss = np.random.default_rng(0).normal(0.0, SILENCE_RMS, self.rate // 4).astype(np.float32)
         self._floor = fe.features(hiss).mean(axis=0)  # per mel bin
-        self._floor_emb = fe.embed(np.tile(self._floor, (OWW_MEL_WINDOW, 1)), [0])[0]
         self.reset()
 
     def reset(self) -> None:
         """Forget the audio so far: the stream starts again after silence."""
         self._pcm = np.zeros(OWW_FFT_SAMPLES - OWW_HOP_SAMPLES, np.float32)  # the first frame straddles the start
-        self._mel = np.tile(self._floor, (OWW_MEL_WINDOW - 1, 1))  # the frames before the stream: silence
-        self._emb = np.tile(self._floor_emb, (_SPAN * self.phases, 1))
-        self._primed = False  # the time before the stream is made of its first step's quietest (see _prime)
+        # the mel frames and embeddings before the newest: None until the first step makes them of the stream's
+        # own background (_prime)
+        self._mel: np.ndarray | None = None
+        self._emb: np.ndarray | None = None
         self._frames = 0  # mel frames of the stream made so far
         self._last_hit = -math.inf
         self.peak = 0.0  # the best score since the reset (what a missed word came closest to)
@@ -106,7 +106,6 @@ class WakeStream:
         level = new.min(axis=0)
         self._mel = np.tile(level, (OWW_MEL_WINDOW - 1, 1))
         self._emb = np.tile(fe.embed(np.tile(level, (OWW_MEL_WINDOW, 1)), [0])[0], (_SPAN * self.phases, 1))
-        self._primed = True
 
     def _step(self, classifier: Any, x: np.ndarray) -> list[Hit]:
         pcm = np.concatenate([self._pcm, x])
@@ -115,12 +114,13 @@ class WakeStream:
             self._pcm = pcm
             return []
         fe = classifier.frontend
-        if not self._primed and n < PRIME_FRAMES:  # too little to tell the background by: wait for more
+        if self._mel is None and n < PRIME_FRAMES:  # too little to tell the background by: wait for more
             self._pcm = pcm
             return []
         new = np.maximum(fe.features(pcm[: (n - 1) * OWW_HOP_SAMPLES + OWW_FFT_SAMPLES]), self._floor)
-        if not self._primed:
+        if self._mel is None:
             self._prime(fe, new)
+        assert self._mel is not None and self._emb is not None
         mel = np.concatenate([self._mel, new])
         self._pcm = pcm[n * OWW_HOP_SAMPLES :]
         first, self._frames = self._frames, self._frames + n

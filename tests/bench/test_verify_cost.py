@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from bench.verify_cost import break_even, expected_tokens, main
+from bench.verify_cost import break_even, main
+from runtime.speculative import expected_tokens
 
 
 def test_break_even_acceptance() -> None:
