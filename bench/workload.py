@@ -44,6 +44,7 @@ import hashlib
 import json
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import time
@@ -61,6 +62,7 @@ from runtime.errors import BadInput, EdgerunError  # noqa: E402 - after the path
 WORKLOAD_DIR = ROOT / "bench" / "workload"
 ORDERS = ("sequential", "interleaved")
 SIDES = ("edgerun", "raw")
+TARGET = 1.5  # issue 20: edgerun at 1.5x raw effective tokens/s
 PLAIN = "edgerun-plain"  # edgerun with speculation off (--ablate): what speculation itself gives, in the same run
 CONTROL = "raw-fa"  # raw with flash_attn=True: greedy text checked against it too (not a speed side)
 SESSION_KEYS = {"name", "kind", "about", "system", "max_tokens", "turns"}
@@ -215,7 +217,7 @@ def _replay(sessions: list[Session], order: str, ask: Any) -> list[dict[str, Any
     turns = []
     for s, t in schedule(sessions, order):
         messages = [*histories[s], {"role": "user", "content": sessions[s].turns[t]}]
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.process_time()
         first, pieces = None, []
         gen = ask(messages, sessions[s].max_tokens[t])
         while True:
@@ -231,7 +233,7 @@ def _replay(sessions: list[Session], order: str, ask: Any) -> list[dict[str, Any
         text = "".join(pieces)
         histories[s] = [*messages, {"role": "assistant", "content": text}]
         turns.append({"session": sessions[s].name, "turn": t + 1, "text": text, "ttft_s": (first or end) - start,
-                      "wall_s": end - start, **info})
+                      "wall_s": end - start, "cpu_s": time.process_time() - cpu_start, **info})
     return turns
 
 
@@ -324,8 +326,32 @@ def summarize(run: dict[str, Any]) -> dict[str, Any]:
     wall = sum(t["wall_s"] for t in turns)
     ttft = [t["ttft_s"] * 1000 for t in turns]
     return {"turns": len(turns), "tokens": tokens, "wall_s": wall, "effective_tps": tokens / wall if wall else 0.0,
+            "cpu_s": sum(t.get("cpu_s", 0.0) for t in turns), "first_token_s": sum(t["ttft_s"] for t in turns),
             "ttft_p50_ms": percentile(ttft, 50), "ttft_p95_ms": percentile(ttft, 95),
             "peak_rss_mib": run["peak_rss_bytes"] / 2**20, "threads": run["threads"]}
+
+
+def paired(ons: list[dict[str, Any]], offs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Speculation on/off from runs taken in turns: the ratio of each repeat's pair (run i of each side, adjacent in
+    time, so a slow spell of a shared machine weighs on both), by wall time and by CPU time (the process's, which
+    leaves out the time other processes held the cores), and the median of each. Above 1: speculation is faster."""
+    walls, cpus = [], []
+    for on, off in zip(ons, offs, strict=True):
+        a, b = summarize(on), summarize(off)
+        walls.append(a["effective_tps"] / b["effective_tps"] if b["effective_tps"] else 0.0)
+        # the same work per token on both sides: tokens per CPU second, on over off
+        cpus.append((a["tokens"] / a["cpu_s"]) / (b["tokens"] / b["cpu_s"]) if a["cpu_s"] and b["cpu_s"] and b["tokens"] else 0.0)
+    return {"wall": walls, "cpu": cpus, "wall_median": statistics.median(walls), "cpu_median": statistics.median(cpus)}
+
+
+def ceiling(raw: dict[str, Any], target: float = TARGET) -> dict[str, Any]:
+    """What ``target`` x raw's effective tokens/s asks of decoding when edgerun's prompts cost what raw's did (as in
+    the sequential order, where raw reuses its live cache too): raw's share of wall time before first tokens, and
+    the decode speed-up that target then needs (None: out of reach even with decoding free)."""
+    share = raw["first_token_s"] / raw["wall_s"] if raw["wall_s"] else 0.0
+    room = 1 / target - share
+    return {"target": target, "raw_first_token_share": share,
+            "decode_speedup_needed": (1 - share) / room if room > 0 else None}
 
 
 def edgerun_detail(run: dict[str, Any]) -> dict[str, Any]:
@@ -337,7 +363,11 @@ def edgerun_detail(run: dict[str, Any]) -> dict[str, Any]:
     spec = [t.get("speculation") or {} for t in turns]
     return {"prompt_tokens": sum(t["prompt_tokens"] for t in turns), "reused_tokens": sum(t["reused_tokens"] for t in turns),
             "reuse_sources": sources, "drafted": sum(s.get("drafted", 0) for s in spec),
-            "accepted": sum(s.get("accepted", 0) for s in spec), "speculation_on_at_end": sum(bool(s.get("on")) for s in spec)}
+            "accepted": sum(s.get("accepted", 0) for s in spec), "speculation_on_at_end": sum(bool(s.get("on")) for s in spec),
+            # speculation's own account (runtime.speculative.SpecStats): seconds its verify steps saved over the plain
+            # steps they stood for, and seconds spent drafting; net of both, as a share of the side's wall time
+            "saved_s": sum(s.get("saved_ms", 0.0) for s in spec) / 1000, "draft_s": sum(s.get("draft_ms", 0.0) for s in spec) / 1000,
+            "wall_s": sum(t["wall_s"] for t in turns)}
 
 
 def compare(edgerun: dict[str, Any], raw: dict[str, Any]) -> dict[str, Any]:
@@ -402,6 +432,11 @@ def print_table(report: dict[str, Any]) -> None:
                 f"{same['turns'] - same['mismatches']}/{same['turns']} turns")
         print(line)
         _print_mismatch(same["first_mismatch"], "raw")
+        c = o.get("ceiling")
+        if c:
+            need = c["decode_speedup_needed"]
+            print(f"{'':<12}raw spent {100 * c['raw_first_token_share']:.0f}% of its wall before first tokens: with prompts "
+                  f"as costly, {c['target']:g}x needs decoding " + (f"{need:.2f}x faster" if need else "faster than free"))
         if report.get("repeats", 1) > 1:
             print(f"{'':<12}effective tok/s of every run (median shown above): "
                   + "; ".join(f"{side} " + " ".join(f"{x:.1f}" for x in xs) for side, xs in o["repeats"].items()))
@@ -409,11 +444,20 @@ def print_table(report: dict[str, Any]) -> None:
             plain = o["greedy_vs_plain"]
             print(f"{'':<12}speculation on/off (edgerun / {PLAIN}) effective tokens/s {o['speculation_ratio']:.3f}x; greedy "
                   f"text identical in {plain['turns'] - plain['mismatches']}/{plain['turns']} turns")
+            pair = o.get("speculation_paired")
+            if pair and len(pair["wall"]) > 1:
+                print(f"{'':<12}on/off per repeat pair, by wall time " + " ".join(f"{x:.3f}" for x in pair["wall"])
+                      + f" (median {pair['wall_median']:.3f}); by CPU time " + " ".join(f"{x:.3f}" for x in pair["cpu"])
+                      + f" (median {pair['cpu_median']:.3f})")
         d = o["edgerun_detail"]
         print(f"{'':<12}edgerun reused {d['reused_tokens']}/{d['prompt_tokens']} prompt tokens (turns by source: "
               + ", ".join(f"{k} {v}" for k, v in sorted(d["reuse_sources"].items()))
               + f"); speculation accepted {d['accepted']}/{d['drafted']} drafted tokens, on at the end of "
               f"{d['speculation_on_at_end']}/{same['turns']} turns")
+        if "saved_s" in d and d["wall_s"]:
+            net = (d["saved_s"] - d["draft_s"]) / d["wall_s"]
+            print(f"{'':<12}speculation's own account: verify steps saved {d['saved_s']:.2f} s, drafting took {d['draft_s']:.2f} s: "
+                  f"net {100 * net:+.1f}% of edgerun's {d['wall_s']:.1f} s")
         if "greedy_vs_control" in o:
             ctl = o["greedy_vs_control"]
             print(f"{'':<12}control (raw with flash_attn=True, edgerun's attention kernel; {o[CONTROL]['effective_tps']:.1f} tok/s): "
@@ -508,9 +552,11 @@ def _bench(args: argparse.Namespace) -> int:
         result = {"edgerun": e, "raw": r, "ratio": e["effective_tps"] / r["effective_tps"] if r["effective_tps"] else 0.0,
                   "greedy": compare(runs["edgerun"], runs["raw"]), "edgerun_detail": edgerun_detail(runs["edgerun"]),
                   "runs": runs, "repeats": {side: [summarize(run)["effective_tps"] for run in every[side]] for side in sides}}
+        result["ceiling"] = ceiling(r)
         if args.ablate:
             p = result[PLAIN] = summarize(runs[PLAIN])
             result["speculation_ratio"] = e["effective_tps"] / p["effective_tps"] if p["effective_tps"] else 0.0
+            result["speculation_paired"] = paired(every["edgerun"], every[PLAIN])
             result["greedy_vs_plain"] = compare(runs["edgerun"], runs[PLAIN])
         if args.control:
             runs[CONTROL] = spawn("raw", {**job, "flash_attn": True})

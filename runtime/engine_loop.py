@@ -192,11 +192,15 @@ class Loop:
             return []
         ctl = spec.controller
         k = ctl.plan(min(room, self.backend.slot_ctx - row.start - 1, seq.params.max_tokens - seq.out - 1))
-        if k:
-            return spec.drafter.draft(seq.tokens, k)
-        if ctl.wants_shadow() and spec.drafter.cheap:  # off: would its drafts have been accepted? (costs nothing)
-            ctl.shadow(spec.drafter.draft(seq.tokens, ctl.k_max))
-        return []
+        start = time.perf_counter()
+        try:
+            if k:
+                return spec.drafter.draft(seq.tokens, k)
+            if ctl.wants_shadow() and spec.drafter.cheap:  # off: would its drafts have been accepted? (costs nothing)
+                ctl.shadow(spec.drafter.draft(seq.tokens, ctl.k_max))
+            return []
+        finally:
+            ctl.stats.draft_s += time.perf_counter() - start
 
     def _shift(self, slot: Slot) -> None:
         """The slot is full: drop half of what follows the first n_keep tokens, as the single stream does."""

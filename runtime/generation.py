@@ -207,15 +207,19 @@ class Generation:
                 yield token
                 now = time.perf_counter()
                 if ctl is not None and step is not None:
+                    if step[0] and ctl.t_plain:  # a verify step against the plain steps its tokens stand for
+                        self.spec.saved_s += (step[1] + 1) * ctl.t_plain - (now - step[2])
                     ctl.observe(step[0], step[1], now - step[2])
                 self._shift_if_full(out)
                 draft: list[int] = []
                 if spec is not None and ctl is not None:
+                    drafting = time.perf_counter()
                     k = ctl.plan(min(kv.n_ctx - len(kv.tokens) - 1, max_tokens - out - 1))
                     if k:
                         draft = spec.drafter.draft([*kv.tokens, token], k)
                     elif ctl.wants_shadow() and spec.drafter.cheap:
                         ctl.shadow(spec.drafter.draft([*kv.tokens, token], ctl.k_max))
+                    self.spec.draft_s += time.perf_counter() - drafting
                 if not draft:
                     kv.append([token])
                     confirmed = len(kv.tokens)

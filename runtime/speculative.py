@@ -160,6 +160,11 @@ class SpecStats:
     # the controller's expected speed-up over plain decoding at the end, from its measured acceptance and step
     # costs (1.0 while off: plain decoding)
     expected_speedup: float = 1.0
+    # what speculation cost and gave, in seconds: drafting (shadow drafts while off included), and, where steps are
+    # timed one by one (the single stream), the time verify steps saved over the plain steps they stood for (each
+    # step's tokens at the plain step's measured time, less the step's own time; negative: a loss)
+    draft_s: float = 0.0
+    saved_s: float = 0.0
 
     @property
     def acceptance(self) -> float:
@@ -178,7 +183,8 @@ class SpecStats:
     def to_dict(self) -> dict[str, Any]:
         return {"drafter": self.drafter, "enabled": self.enabled, "on": self.on, "steps": self.steps,
                 "drafted": self.drafted, "accepted": self.accepted, "acceptance": round(self.acceptance, 4),
-                "mean_draft": round(self.mean_draft, 3), "expected_speedup": round(self.expected_speedup, 3)}
+                "mean_draft": round(self.mean_draft, 3), "expected_speedup": round(self.expected_speedup, 3),
+                "draft_ms": round(1000 * self.draft_s, 2), "saved_ms": round(1000 * self.saved_s, 2)}
 
 
 def expected_tokens(alpha: float, k: int) -> float:

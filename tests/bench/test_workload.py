@@ -165,3 +165,38 @@ def test_ablate_runs_edgerun_without_speculation_in_the_same_run(smollm, tmp_pat
     assert o["speculation_ratio"] > 0 and o["greedy_vs_plain"]["mismatches"] == 0  # greedy: the same text, on or off
     plain = [t.get("speculation") or {} for t in o["runs"]["edgerun-plain"]["turns"]]
     assert all(not s.get("enabled") for s in plain)  # speculation was off on that side
+    assert len(o["speculation_paired"]["wall"]) == len(o["speculation_paired"]["cpu"]) == 2
+    assert all(t["cpu_s"] > 0 for t in o["runs"]["edgerun"]["turns"]) and 0 < o["ceiling"]["raw_first_token_share"] < 1
+    assert "on/off per repeat pair" in printed and "before first tokens" in printed
+    assert o["edgerun_detail"]["draft_s"] > 0 and "speculation's own account" in printed  # shadow drafts while off too
+
+
+def _run(tokens: int, wall: float, cpu: float, ttft: float = 0.1) -> dict:
+    return {"turns": [{"tokens": tokens, "wall_s": wall, "cpu_s": cpu, "ttft_s": ttft}], "peak_rss_bytes": 0, "threads": 1}
+
+
+def test_ceiling_is_the_decode_speedup_the_target_needs_when_prompts_cost_the_same() -> None:
+    from bench.workload import ceiling, summarize
+
+    # raw: 14.2 s of 36.3 s before first tokens (the sequential run of 2026-12-05): 1.5x needs decoding 2.21x faster
+    c = ceiling(summarize(_run(2139, 36.3, 36.0, ttft=14.2)))
+    assert c["raw_first_token_share"] == pytest.approx(14.2 / 36.3)
+    assert c["decode_speedup_needed"] == pytest.approx((1 - 14.2 / 36.3) / (1 / 1.5 - 14.2 / 36.3))
+    assert 2.2 < c["decode_speedup_needed"] < 2.22
+    # prompts past two thirds of the wall: no decode speed-up reaches 1.5x
+    assert ceiling(summarize(_run(100, 10.0, 10.0, ttft=7.0)))["decode_speedup_needed"] is None
+
+
+def test_speculation_is_paired_per_repeat_by_wall_and_by_cpu_time() -> None:
+    from bench.workload import paired
+
+    # repeat 2 ran in a slow spell that slowed both of its sides' wall time, not their CPU time
+    ons = [_run(100, 1.0, 1.0), _run(100, 2.0, 1.0), _run(100, 1.0, 1.0)]
+    offs = [_run(100, 1.1, 1.1), _run(100, 2.2, 1.1), _run(100, 1.0, 1.0)]
+    p = paired(ons, offs)
+    assert p["wall"] == pytest.approx([1.1, 1.1, 1.0])
+    assert p["cpu"] == pytest.approx([1.1, 1.1, 1.0])
+    assert p["wall_median"] == pytest.approx(1.1) and p["cpu_median"] == pytest.approx(1.1)
+    # the median of the pairs, not the ratio of medians: one pair's outlier does not move it
+    ons[2] = _run(100, 5.0, 1.0)
+    assert paired(ons, offs)["wall_median"] == pytest.approx(1.1)

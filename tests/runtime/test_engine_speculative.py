@@ -68,6 +68,7 @@ def test_greedy_text_is_token_identical_with_and_without_speculation_across_slot
         assert s.speculation["enabled"] and s.speculation["drafter"] == "prompt-lookup"
     copy = spec[0].speculation
     assert copy["accepted"] > 0 and copy["drafted"] >= copy["accepted"], copy  # the copied text was drafted
+    assert copy["draft_ms"] > 0 and p.speculation["draft_ms"] == 0  # what drafting took, per controller
     assert after["spec_drafted"] - before["spec_drafted"] == sum(s.speculation["drafted"] for s in spec)
     assert after["spec_accepted"] - before["spec_accepted"] == sum(s.speculation["accepted"] for s in spec)
     # Accepted drafts are several tokens per step for a slot: fewer steps than plain decoding needed.

@@ -86,6 +86,27 @@ def test_smollm_rewrite_is_token_identical_and_drafts_are_accepted(smol) -> None
     assert plain.speculation["enabled"] is False and spec.speculation["enabled"] is True
 
 
+class Forced(Adaptive):
+    """The adaptive controller, never switched off: its warm-up and probes time plain steps."""
+
+    OFF_BELOW = -1.0
+
+
+def test_speculation_accounts_for_its_drafting_and_what_its_verify_steps_saved(smol) -> None:
+    keep = smol.speculator
+    try:
+        smol.speculator = None
+        plain = chat([{"role": "user", "content": f"Rewrite this text word for word:\n\n{TEXT}"}])(smol)
+        smol.speculator = Speculator(PromptLookup(), Forced())
+        spec = chat([{"role": "user", "content": f"Rewrite this text word for word:\n\n{TEXT}"}])(smol)
+    finally:
+        smol.speculator = keep
+    assert plain.speculation["draft_ms"] == 0 and plain.speculation["saved_ms"] == 0  # no speculator: nothing to count
+    assert spec.speculation["draft_ms"] > 0  # a draft at every step
+    # each verify step's tokens against the plain step's measured time: some time saved or lost, never untallied
+    assert spec.speculation["steps"] > 0 and spec.speculation["saved_ms"] != 0
+
+
 def test_smollm_text_that_does_not_repeat_is_token_identical(smol) -> None:
     plain, spec = both(smol, chat([{"role": "user", "content": "Name three colours and say why the sky is blue."}]), k=2)
     same(plain, spec)
