@@ -121,7 +121,7 @@ class Engine:
         context between them), place (``threads``: the placement's, the one thread budget of the engine), load."""
         opened = open_llm(model, memory=memory, ctx=ctx, kv_type=kv_type, threads=threads, target=target,
                           require_accelerator=require_accelerator, prefix_cache_bytes=prefix_cache_bytes, slots=slots,
-                          backend=LlamaCppBatch, speculate=speculate)
+                          backend=LlamaCppBatch)
         return cls(opened.model, opened.plan, opened.backend, opened.placement, max_queued=max_queued, aging_s=aging_s,
                    prefill_chunk=prefill_chunk, speculate=speculate, start=start)
 

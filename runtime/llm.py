@@ -119,7 +119,7 @@ class LLM:
             raise BadInput("--draft gives a draft model for speculative decoding, which --no-speculate turns off: give one of them")
         opened = open_llm(model, memory=memory, ctx=ctx, kv_type=kv_type, threads=threads, target=target,
                           require_accelerator=require_accelerator, prefix_cache_bytes=prefix_cache_bytes, draft=draft,
-                          bundle_draft=speculate, speculate=speculate)
+                          bundle_draft=speculate)
         try:
             llm = cls(opened.model, opened.plan, opened.backend, opened.placement, speculate=speculate)
         except BaseException:

@@ -44,24 +44,6 @@ class OpenedLLM:
     draft: Any = None  # runtime.draft.DraftModel when a draft model was asked for (the caller owns it and closes it)
 
 
-def speculation_kv_type(placement: Placement) -> KVType | None:
-    """The KV type for a model that speculates on ``placement`` when the caller chose none (None: the planner's
-    usual choice, f16 unless only q8_0 fits).
-
-    Speculative decoding keeps greedy output what plain decoding gives only if a verify batch computes each token's
-    logits as a single step would. On the CPU at more than one thread, llama.cpp's flash attention for a single
-    token over an f16 KV view of 512+ cells splits the cells between the threads and adds the partial results
-    (``use_split_kv_path``, ggml-cpu/ops.cpp), where a batch computes each row whole: the logits differ in their last
-    bits and a near-tie can flip (measured up to 0.78 apart; bench/layouts.py). With a q8_0 cache that path is not
-    taken and they are bit-identical at every thread count, at a measured 0.004 nats of KL against f16, half the
-    KV memory, and decode speed within this machine's run-to-run spread at 2 threads (docs/benchmarks.md)."""
-    from devices.target import Target
-
-    if placement.target is Target.CPU and placement.threads > 1:
-        return KVType.Q8_0
-    return None
-
-
 def open_llm(
     model: str | ResolvedModel,
     *,
@@ -76,15 +58,12 @@ def open_llm(
     backend: BackendFactory | None = None,
     draft: str | ResolvedModel | None = None,
     bundle_draft: bool = False,
-    speculate: bool = False,
 ) -> OpenedLLM:
     """Resolve ``model`` and open its GGUF within ``memory`` (bytes or a size; None: the default budget).
     ``slots``: sequences decoded together (runtime.plan.plan_llm); ``backend``: what opens the file, called as
     ``backend(path, plan, placement)`` (None: the registry's llama.cpp backend, runtime.backends.open_backend).
     ``draft``: a draft model for speculative decoding (runtime/draft.py), planned, checked and opened beside;
-    ``bundle_draft``: without ``draft``, the bundle's own draft model (manifest ``llm.draft``) if it has one.
-    ``speculate``: the model will verify drafts; without ``kv_type``, a CPU placement of more than one thread then
-    gets a q8_0 KV cache (:func:`speculation_kv_type`)."""
+    ``bundle_draft``: without ``draft``, the bundle's own draft model (manifest ``llm.draft``) if it has one."""
     model = resolve(model) if isinstance(model, str) else model
     budget = parse_size(memory) if isinstance(memory, str) else (memory or default_budget())
     kv_type = KVType(kv_type) if isinstance(kv_type, str) else kv_type
@@ -113,15 +92,13 @@ def open_llm(
                 draft_name = f"{manifest.ref}/{own_draft}"
             if draft_path is not None:
                 draft_info = read_gguf(draft_path)
+            plan = plan_llm(info, budget, name=manifest.ref, ctx=ctx, kv_type=kv_type, prefix_cache_bytes=prefix_cache_bytes,
+                            slots=slots, draft=draft_info, draft_name=draft_name)
             from devices.placement import resolve_placement
 
             n_layers = int(info.arch_value("block_count", 0) or 0)
             placement = resolve_placement(BackendName.LLAMACPP, target, require_accelerator=require_accelerator, threads=threads,
                                           n_layers=n_layers)
-            if kv_type is None and speculate:
-                kv_type = speculation_kv_type(placement)
-            plan = plan_llm(info, budget, name=manifest.ref, ctx=ctx, kv_type=kv_type, prefix_cache_bytes=prefix_cache_bytes,
-                            slots=slots, draft=draft_info, draft_name=draft_name)
             if draft_path is not None:
                 from runtime.draft import check_same_vocab
 

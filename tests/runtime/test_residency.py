@@ -508,3 +508,16 @@ def test_the_llm_loader_plans_and_loads_the_engine_slots_alike(smollm) -> None:
                 assert isinstance(engine, Engine)
                 assert (engine.plan.n_slots, engine.plan.slot_ctx) == (slots, ctx)
                 assert engine.plan.total_bytes == rm.planned_bytes(name)
+
+
+def test_the_llm_loader_plans_and_loads_the_kv_type_the_spec_names(smollm) -> None:
+    """A served model keeps the planner's KV type (f16 where it fits) unless its spec names one: q8_0 makes a slot's
+    greedy text independent of what else its steps carried (drafts, other slots) at 2+ threads, at a measured 7-9 %
+    of throughput at 4-8 clients (docs/benchmarks.md), so it is the operator's choice, not the default."""
+    with ResidencyManager(1 << 30) as rm:
+        rm.add(ModelSpec("usual", "default", "llm", options={"ctx": 512, "threads": 2}))
+        rm.add(ModelSpec("stable", "default", "llm", options={"ctx": 512, "threads": 2, "kv_type": "q8_0"}))
+        for name, kv in (("usual", "f16"), ("stable", "q8_0")):
+            with rm.acquire(name) as engine:
+                assert engine.plan.kv_type.value == kv, name
+                assert engine.plan.total_bytes == rm.planned_bytes(name)
