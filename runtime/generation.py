@@ -214,7 +214,7 @@ class Generation:
                 draft: list[int] = []
                 if spec is not None and ctl is not None:
                     drafting = time.perf_counter()
-                    k = ctl.plan(min(kv.n_ctx - len(kv.tokens) - 1, max_tokens - out - 1))
+                    k = min(ctl.plan(min(kv.n_ctx - len(kv.tokens) - 1, max_tokens - out - 1)), self.llm.max_draft)
                     if k:
                         draft = spec.drafter.draft([*kv.tokens, token], k)
                     elif ctl.wants_shadow() and spec.drafter.cheap:

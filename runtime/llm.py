@@ -28,7 +28,7 @@ from runtime.plan import KVType, MemoryPlan
 from runtime.prefix_cache import PrefixCache
 from runtime.resolve import ResolvedModel
 from runtime.sampling import SamplingParams
-from runtime.speculative import PromptLookup, Speculator
+from runtime.speculative import K_MAX, PromptLookup, Speculator
 
 __all__ = ["LLM", "Generation", "Result", "Truncation"]
 
@@ -53,6 +53,18 @@ class LLM:
         self.speculator: Speculator | None = (
             Speculator(PromptLookup()) if speculate and backend.can_speculate else None
         )
+        # the longest draft whose verify batch computes what single steps compute (runtime.generation caps every
+        # draft at it: greedy output stays plain decoding's); measured once, only for a model that speculates
+        self.max_draft = K_MAX
+        if self.speculator is not None and hasattr(backend, "exact_batch"):
+            self.max_draft = backend.exact_batch(K_MAX + 1) - 1
+            if self.max_draft < K_MAX:
+                log.info("verify batches of more than %d tokens compute other logits than single steps on this model and"
+                         " build: drafts are capped at %d", self.max_draft + 1, self.max_draft)
+            if self.max_draft < 1:
+                self.speculator = None
+            else:
+                self.speculator.controller.k_max = min(self.speculator.controller.k_max, self.max_draft)
         self._chat_template: ChatTemplate | None = None
         self._chat_tokenizer: ChatTokenizer | None = None
         try:

@@ -112,6 +112,12 @@ def layer_offload(model: Any, layer_devices: dict[int, str], *, gpu_offload: boo
     return Offload("layers", on, total, by_device=tuple(sorted(Counter(layer_devices.values()).items())))
 
 
+# A short plain text whose tokens are the probe of LlamaCppBackend.exact_batch (its last ``limit`` tokens are decoded
+# singly and in batches after the rest).
+EXACT_PROBE = ("The keeper of the lighthouse wrote down the wind, the swell and the ships that passed, and lit the lamp "
+               "at dusk every evening of the year.")
+
+
 class LlamaCppBackend(LLMBackend):
     name = BackendName.LLAMACPP.value
     can_speculate = True
@@ -201,6 +207,39 @@ class LlamaCppBackend(LLMBackend):
             raise BackendError(f"llama.cpp decode of {n} tokens failed at position {start} (code {code})")
         llm.input_ids[start : start + n] = tokens
         llm.n_tokens = start + n
+
+    def exact_batch(self, limit: int) -> int:
+        """The largest verify batch, up to ``limit`` tokens, whose every row's logits are bit-identical to those of
+        the same tokens decoded one at a time (1: not even 2), measured on this model, build and thread count
+        after a short context. llama.cpp computes a batch's matrix products with other kernels than a single
+        token's for some weight types (Gemma 3's Q4_K_M differs from 4 rows on, on this x86 CPU), and greedy
+        output with speculation is plain decoding's only where the rows agree. Clears the KV cache."""
+        import numpy as np
+
+        probe = self.tokenize(EXACT_PROBE, add_bos=True, special=False)
+        context, tokens = probe[: len(probe) - limit], probe[len(probe) - limit :]
+        n_vocab = int(llama_cpp.llama_vocab_n_tokens(self._vocab))
+
+        def row(i: int) -> Any:
+            return np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(self._ctx.ctx, i), shape=(n_vocab,)).copy()
+
+        try:
+            self.clear()
+            self.decode(context, 0)
+            single = []
+            for j, token in enumerate(tokens):
+                self.decode([token], len(context) + j)
+                single.append(row(-1))
+            exact = 1
+            for size in range(2, limit + 1):
+                self.remove(len(context))
+                self._decode_all(tokens[:size], len(context))
+                if not all(np.array_equal(row(i), single[i]) for i in range(size)):
+                    break
+                exact = size
+            return exact
+        finally:
+            self.clear()
 
     def remove(self, start: int, end: int = -1) -> bool:
         ok = bool(llama_cpp.llama_memory_seq_rm(self._mem, 0, start, end))
