@@ -53,21 +53,11 @@ class LLM:
         self.speculator: Speculator | None = (
             Speculator(PromptLookup()) if speculate and backend.can_speculate else None
         )
-        # the longest draft whose verify batch computes what single steps compute (runtime.generation caps every
-        # draft at it: greedy output stays plain decoding's); measured once, only for a model that speculates
         self.max_draft = K_MAX
-        if self.speculator is not None and hasattr(backend, "exact_batch"):
-            self.max_draft = backend.exact_batch(K_MAX + 1) - 1
-            if self.max_draft < K_MAX:
-                log.info("verify batches of more than %d tokens compute other logits than single steps on this model and"
-                         " build: drafts are capped at %d", self.max_draft + 1, self.max_draft)
-            if self.max_draft < 1:
-                self.speculator = None
-            else:
-                self.speculator.controller.k_max = min(self.speculator.controller.k_max, self.max_draft)
         self._chat_template: ChatTemplate | None = None
         self._chat_tokenizer: ChatTokenizer | None = None
         try:
+            self._cap_drafts()
             # a sliding-window cache keeps shorter entries: its loaded states cannot be cut short exactly
             self.prefix_cache = PrefixCache(plan.prefix_cache_bytes, supersede=not plan.kv_swa_bytes)
             self.kv = KVSequence(backend, self.prefix_cache)
@@ -78,6 +68,21 @@ class LLM:
         except BaseException:
             backend.close()
             raise
+
+    def _cap_drafts(self) -> None:
+        """Set :attr:`max_draft`, the longest draft whose verify batch computes what single steps compute
+        (runtime.generation caps every draft at it, so greedy output stays plain decoding's): measured once by the
+        backend, only for a model that speculates."""
+        if self.speculator is None or not hasattr(self.backend, "exact_batch"):
+            return
+        self.max_draft = self.backend.exact_batch(K_MAX + 1) - 1
+        if self.max_draft < K_MAX:
+            log.info("verify batches of more than %d tokens compute other logits than single steps on this model and"
+                     " build: drafts are capped at %d", self.max_draft + 1, self.max_draft)
+        if self.max_draft < 1:
+            self.speculator = None
+        else:
+            self.speculator.controller.k_max = min(self.speculator.controller.k_max, self.max_draft)
 
     @property
     def n_ctx(self) -> int:

@@ -217,6 +217,8 @@ class LlamaCppBackend(LLMBackend):
         import numpy as np
 
         probe = self.tokenize(EXACT_PROBE, add_bos=True, special=False)
+        while len(probe) < limit + 8:  # a vocabulary of short pieces: the text again, until the probe is long enough
+            probe += self.tokenize(EXACT_PROBE, add_bos=False, special=False)
         context, tokens = probe[: len(probe) - limit], probe[len(probe) - limit :]
         n_vocab = int(llama_cpp.llama_vocab_n_tokens(self._vocab))
 

@@ -113,6 +113,28 @@ def test_a_failure_after_llama_cpp_loaded_closes_it(smollm, monkeypatch) -> None
     assert closed == [True]  # the loaded llama.cpp model was freed, once
 
 
+def test_a_failure_of_the_exact_batch_probe_closes_the_loaded_model(smollm, monkeypatch) -> None:
+    from runtime.errors import BackendError
+
+    closed = []
+    real_close = LlamaCppBackend.close
+
+    def spy(self) -> None:
+        closed.append(self._llm is not None)
+        real_close(self)
+
+    def broken(self, limit: int) -> int:
+        raise BackendError("injected: the probe's decode failed")
+
+    monkeypatch.setattr(LlamaCppBackend, "close", spy)
+    monkeypatch.setattr(LlamaCppBackend, "exact_batch", broken)
+    with pytest.raises(BackendError, match="injected"):
+        LLM.load(smollm, memory=GiB, ctx=256, threads=1)
+    assert closed == [True]
+    with LLM.load(smollm, memory=GiB, ctx=256, threads=1, speculate=False) as llm:  # no drafts: no probe at all
+        assert llm.speculator is None
+
+
 def test_context_shift_keeps_going_past_the_context(smollm) -> None:
     with LLM.load(smollm, memory=GiB, ctx=256, threads=2) as small:
         params = small.params(temperature=0.0, max_tokens=600, repeat_penalty=1.0)
