@@ -95,18 +95,24 @@ def test_run_json_reports_the_seed_that_reproduces_it(smollm, capsys) -> None:
     assert (again["seed"], again["text"]) == (first["seed"], first["text"])
 
 
-def test_a_failure_after_llama_cpp_loaded_closes_it(smollm, monkeypatch) -> None:
-    closed = []
+def spy_on_close(monkeypatch) -> list[bool]:
+    """Each LlamaCppBackend.close from now on appends whether a loaded llama.cpp model was there to free."""
+    closed: list[bool] = []
     real_close = LlamaCppBackend.close
 
     def spy(self) -> None:
         closed.append(self._llm is not None)
         real_close(self)
 
+    monkeypatch.setattr(LlamaCppBackend, "close", spy)
+    return closed
+
+
+def test_a_failure_after_llama_cpp_loaded_closes_it(smollm, monkeypatch) -> None:
     def broken(*args, **kwargs):
         raise BadInput("injected after the backend loaded")
 
-    monkeypatch.setattr(LlamaCppBackend, "close", spy)
+    closed = spy_on_close(monkeypatch)
     monkeypatch.setattr(SamplingParams, "from_defaults", broken)
     with pytest.raises(BadInput, match="injected"):
         LLM.load(smollm, memory=GiB, ctx=256, threads=1)
@@ -116,17 +122,10 @@ def test_a_failure_after_llama_cpp_loaded_closes_it(smollm, monkeypatch) -> None
 def test_a_failure_of_the_exact_batch_probe_closes_the_loaded_model(smollm, monkeypatch) -> None:
     from runtime.errors import BackendError
 
-    closed = []
-    real_close = LlamaCppBackend.close
-
-    def spy(self) -> None:
-        closed.append(self._llm is not None)
-        real_close(self)
-
     def broken(self, limit: int) -> int:
         raise BackendError("injected: the probe's decode failed")
 
-    monkeypatch.setattr(LlamaCppBackend, "close", spy)
+    closed = spy_on_close(monkeypatch)
     monkeypatch.setattr(LlamaCppBackend, "exact_batch", broken)
     with pytest.raises(BackendError, match="injected"):
         LLM.load(smollm, memory=GiB, ctx=256, threads=1)
