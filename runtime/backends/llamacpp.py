@@ -234,8 +234,7 @@ class LlamaCppBackend(LLMBackend):
                 single.append(row(-1))
             exact = 1
             for size in range(2, limit + 1):
-                self.remove(len(context))
-                self._decode_all(tokens[:size], len(context))
+                self._decode_all(tokens[:size], len(context))  # drops the cells after the context first
                 if not all(np.array_equal(row(i), single[i]) for i in range(size)):
                     break
                 exact = size

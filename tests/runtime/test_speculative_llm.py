@@ -58,13 +58,14 @@ def gemma3(gemma) -> Iterator[LLM]:
         yield llm
 
 
-def both(llm: LLM, run, k: int = 4, drafter: PromptLookup | None = None):
-    """``run(llm)`` plainly, then with a draft of ``k`` verified at every step; the two results."""
+def both(llm: LLM, run, k: int = 4, drafter: PromptLookup | None = None, controller: Adaptive | None = None):
+    """``run(llm)`` plainly, then with a draft of ``k`` verified at every step (or as ``controller`` plans); the two
+    results."""
     keep = llm.speculator
     try:
         llm.speculator = None
         plain = run(llm)
-        llm.speculator = Speculator(drafter or PromptLookup(), Always(k))
+        llm.speculator = Speculator(drafter or PromptLookup(), controller or Always(k))
         spec = run(llm)
     finally:
         llm.speculator = keep
@@ -93,14 +94,8 @@ class Forced(Adaptive):
 
 
 def test_speculation_accounts_for_its_drafting_and_what_its_verify_steps_saved(smol) -> None:
-    keep = smol.speculator
-    try:
-        smol.speculator = None
-        plain = chat([{"role": "user", "content": f"Rewrite this text word for word:\n\n{TEXT}"}])(smol)
-        smol.speculator = Speculator(PromptLookup(), Forced())
-        spec = chat([{"role": "user", "content": f"Rewrite this text word for word:\n\n{TEXT}"}])(smol)
-    finally:
-        smol.speculator = keep
+    plain, spec = both(smol, chat([{"role": "user", "content": f"Rewrite this text word for word:\n\n{TEXT}"}]),
+                       controller=Forced())
     assert plain.speculation["draft_ms"] == 0 and plain.speculation["saved_ms"] == 0  # no speculator: nothing to count
     assert spec.speculation["draft_ms"] > 0  # a draft at every step
     # each verify step's tokens against the plain step's measured time: some time saved or lost, never untallied
