@@ -212,7 +212,7 @@ def _inactive_file(fs: RootFS, directory: str, keys: tuple[str, ...]) -> int:
     stats = {}
     for line in (fs.read_text(f"{directory}/memory.stat") or "").splitlines():
         key, _, value = line.partition(" ")
-        if value.strip().isdigit():
+        if value.strip().isascii() and value.strip().isdigit():
             stats[key] = int(value)
     for key in keys:
         if key in stats:
@@ -224,7 +224,7 @@ def _limit_value(text: str | None) -> int | None:
     if text is None:
         return None
     text = text.strip()
-    if text == "max" or not text.isdigit():
+    if text == "max" or not (text.isascii() and text.isdigit()):
         return None
     value = int(text)
     return None if value >= UNLIMITED_THRESHOLD_BYTES else value
@@ -288,7 +288,7 @@ def read_thermal_zones(fs: RootFS) -> tuple[ThermalZone, ...]:
 
 def _zone_index(zone: ThermalZone) -> int:
     suffix = zone.name.removeprefix("thermal_zone")
-    return int(suffix) if suffix.isdigit() else -1
+    return int(suffix) if suffix.isascii() and suffix.isdigit() else -1
 
 
 def cpu_temperature_c(zones: tuple[ThermalZone, ...]) -> float | None:

@@ -23,7 +23,7 @@ from runtime import preprocess
 from runtime.audio import Audio, FrontEnd, WavInfo, load_audio, open_frontend, reading_bytes
 from runtime.backends.base import ClassifierBackend
 from runtime.bundle import Manifest, ModelKind
-from runtime.classifier import _check_quant, load_classifier, time_calls
+from runtime.classifier import _check_quant, load_classifier, takes, time_calls
 from runtime.errors import BadInput
 from runtime.resolve import ResolvedModel
 from runtime.specs.audio import AudioSpec
@@ -69,7 +69,7 @@ class AudioClassifier:
         i, o = backend.input, backend.output
         _check_quant(model.manifest.ref, "input", spec.input, i.dtype, i.scale, i.zero_point)
         _check_quant(model.manifest.ref, "output", spec.output, o.dtype, o.scale, o.zero_point)
-        if tuple(i.shape[1:]) != spec.input_shape:
+        if not takes(i.shape[1:], spec.input_shape):
             want = ', '.join(map(str, spec.input_shape))
             raise BadInput(f"{model.manifest.ref}: the model takes {i.shape}, the manifest says (N, {want})")
 

@@ -15,8 +15,8 @@ from collections.abc import Callable
 from concurrent.futures import Future, InvalidStateError
 from typing import Any, Generic, TypeVar
 
-from runtime.errors import BackendError, BadInput, Cancelled, DeadlineExceeded
-from runtime.scheduler import Job, Priority, Scheduler
+from runtime.errors import BackendError, BadInput, Cancelled, DeadlineExceeded, QueueFull
+from runtime.scheduler import DEFAULT_SERVICE_S, MAX_RETRY_AFTER_S, Job, Priority, Scheduler
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +69,22 @@ class DynamicBatcher(Generic[X, Y]):
         future.add_done_callback(lambda f: job.cancel() if f.cancelled() else None)
         self.scheduler.submit(job)  # QueueFull / Cancelled propagate to the caller
         return future
+
+    def check_room(self, priority: Priority = Priority.INTERACTIVE) -> None:
+        """QueueFull now when ``priority``'s class is at its bound, so that a caller refuses before it pays for
+        its item (an image's decode). ``submit`` still checks: a place may be taken in between."""
+        priority = Priority.parse(priority) if isinstance(priority, str) else Priority(priority)
+        depth, bound = self.scheduler.depth(), self.scheduler.bounds[priority]
+        if depth[priority] >= bound:
+            self.scheduler.sweep()  # cancelled and expired items hold no places (as in Scheduler.submit)
+            depth = self.scheduler.depth()
+        if depth[priority] < bound:
+            return
+        rate = self.scheduler.service_rate()
+        ahead = 1 + sum(n for p, n in depth.items() if p < priority)  # as Scheduler.submit estimates it
+        retry_after = min(MAX_RETRY_AFTER_S, ahead / rate if rate else ahead * DEFAULT_SERVICE_S)
+        raise QueueFull(f"{self.name}: the {priority.name.lower()} queue is full ({bound} queued); "
+                        f"retry after {retry_after:.3g} s", retry_after)
 
     def stats(self) -> dict[str, Any]:
         """batches, items (run), mean_batch_size, failed_batches, expired, cancelled, queued per class, and the

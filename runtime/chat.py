@@ -11,6 +11,7 @@ shifts the cached turns that remain instead of recomputing them.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from runtime.chat_template import ChatTemplate
@@ -24,41 +25,49 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 ROLES = ("system", "user", "assistant")
+MAX_MESSAGES = 2048  # messages in one chat (OpenAI's own limit): each one is rendered, counted and tokenized
+MAX_CHAT_CHARS = 4 << 20  # characters of content in one chat, all messages together
 
 
 def check_messages(messages: Any) -> list[dict[str, str]]:
+    """``messages`` checked: a non-empty list of at most :data:`MAX_MESSAGES` role/content dicts, at most
+    :data:`MAX_CHAT_CHARS` characters of content in all, the last one the user's (BadInput otherwise)."""
     if not isinstance(messages, list) or not messages:
         raise BadInput("a chat needs a non-empty list of messages")
+    if len(messages) > MAX_MESSAGES:  # before any per-message work
+        raise BadInput(f"a chat of {len(messages)} messages is too long: at most {MAX_MESSAGES} are accepted")
     for i, msg in enumerate(messages):
         if not isinstance(msg, dict) or msg.get("role") not in ROLES or not isinstance(msg.get("content"), str):
             raise BadInput(f"message {i} must be {{'role': one of {', '.join(ROLES)}, 'content': text}}, got {msg!r}"[:300])
+    chars = sum(len(m["content"]) for m in messages)
+    if chars > MAX_CHAT_CHARS:
+        raise BadInput(f"a chat of {chars} characters of content is too long: at most {MAX_CHAT_CHARS} are accepted")
     if messages[-1]["role"] != "user":
         raise BadInput("the last message of a chat must come from the user")
     return messages
 
 
-def start_chat(llm: LLM, messages: list[dict[str, str]], params: SamplingParams) -> Generation:
+def start_chat(llm: LLM, messages: list[dict[str, str]], params: SamplingParams,
+               interrupt: Callable[[], None] | None = None) -> Generation:
+    """The conversation as the model's prompt, started on ``llm``; the oldest exchanges dropped when it does not fit.
+
+    ``interrupt``: called before each rendering; it raises to stop the fitting (a deadline passed, the client left).
+    """
     messages = check_messages(list(messages))
     template = llm.chat_template
     system = [m for m in messages if m["role"] == "system"][:1]
     rest = [m for m in messages if m not in system]
     room = answer_room(params.max_tokens, llm.n_ctx)
-    dropped_msgs = dropped_tokens = 0
-    tokens = _tokens(llm, template, system + rest)
-    # Once turns must go, free a quarter of the context more than needed, so that the
-    # next few turns fit without another drop (each drop costs a cache shift).
-    limit = llm.n_ctx if len(tokens) + room <= llm.n_ctx else llm.n_ctx - llm.n_ctx // 4
-    while len(tokens) + room > limit and len(rest) > 1:
-        # Drop the oldest exchange: messages up to the next user message.
-        cut = 1
-        while cut < len(rest) - 1 and rest[cut]["role"] != "user":
-            cut += 1
-        rest = rest[cut:]
-        dropped_msgs += cut
-        before = len(tokens)
-        tokens = _tokens(llm, template, system + rest)
-        dropped_tokens += before - len(tokens)
-    truncations = [Truncation("turns", dropped_tokens, 0, dropped_msgs)] if dropped_msgs else []
+    if interrupt is not None:
+        interrupt()
+    whole = _tokens(llm, template, system + rest)
+    tokens, dropped_msgs = whole, 0
+    if len(whole) + room > llm.n_ctx and len(rest) > 1:
+        # Once turns must go, free a quarter of the context more than needed, so that the
+        # next few turns fit without another drop (each drop costs a cache shift).
+        limit = llm.n_ctx - llm.n_ctx // 4
+        dropped_msgs, tokens = _fit(lambda start: _tokens(llm, template, system + rest[start:]), rest, room, limit, interrupt)
+    truncations = [Truncation("turns", len(whole) - len(tokens), 0, dropped_msgs)] if dropped_msgs else []
     if dropped_msgs:
         log.warning("conversation exceeds the %d-token context: dropped the %d oldest messages", llm.n_ctx, dropped_msgs)
     n_keep = 0
@@ -66,6 +75,47 @@ def start_chat(llm: LLM, messages: list[dict[str, str]], params: SamplingParams)
         head = _tokens(llm, template, system, add_generation_prompt=False)
         n_keep = common_prefix(head, tokens)
     return llm.start(tokens, params, n_keep=n_keep, truncations=truncations)
+
+
+def _fit(render: Callable[[int], list[int]], rest: list[dict[str, str]], room: int, limit: int,
+         interrupt: Callable[[], None] | None) -> tuple[int, list[int]]:
+    """(messages dropped, tokens): the longest tail of whole exchanges whose rendering leaves ``room`` within
+    ``limit``, else the last message alone. ``render(start)``: the tokens of the conversation kept from ``start``.
+
+    The result is that of dropping the oldest exchange (the messages up to the next user message) and rendering
+    again until the conversation fits, but found with at most 2 log2(exchanges) + 1 renderings instead of one per
+    exchange: a search from the newest end, doubling its step, then halving it. Each candidate is rendered whole,
+    so a template that renders a message by its position (the first turn, a count of turns) is still exact; the
+    search assumes that dropping an exchange never lengthens the rendering. The whole conversation is known not to fit.
+    """
+    starts = [0] + [i for i in range(1, len(rest)) if rest[i]["role"] == "user"]  # where a kept tail may begin
+    seen: dict[int, list[int]] = {}
+
+    def fits(k: int) -> bool:
+        if k not in seen:
+            if interrupt is not None:
+                interrupt()
+            seen[k] = render(starts[k])
+        return len(seen[k]) + room <= limit
+
+    last = len(starts) - 1
+    if not fits(last):  # not even the last message fits: it is kept alone, and the prompt is cut or refused later
+        return starts[last], seen[last]
+    good, step = last, 1  # fits(good); find the first k that fits, between bad (known not to) and good
+    bad = 0
+    while good - step > 0:
+        if not fits(good - step):
+            bad = good - step
+            break
+        good -= step
+        step *= 2
+    while good - bad > 1:
+        mid = (good + bad) // 2
+        if fits(mid):
+            good = mid
+        else:
+            bad = mid
+    return starts[good], seen[good]
 
 
 def _tokens(llm: LLM, template: ChatTemplate, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> list[int]:

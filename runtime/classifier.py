@@ -107,6 +107,11 @@ def read_labels(model: ResolvedModel, name: str | None) -> list[str]:
         return preprocess.read_labels(path)
 
 
+def takes(model: tuple[int, ...], want: tuple[int, ...]) -> bool:
+    """Whether a model input of dimensions ``model`` (-1 where dynamic) takes rows of shape ``want``."""
+    return len(model) == len(want) and all(m in (-1, w) for m, w in zip(model, want, strict=True))
+
+
 def _check_quant(ref: str, what: str, declared: TensorQuant, dtype: str, scale: float, zero: int) -> None:
     if declared.dtype != dtype:
         raise BadInput(f"{ref}: the manifest says the {what} is {declared.dtype}, the model file says {dtype}")
@@ -125,7 +130,7 @@ class Classifier:
         _check_quant(model.manifest.ref, "input", spec.input, i.dtype, i.scale, i.zero_point)
         _check_quant(model.manifest.ref, "output", spec.output, o.dtype, o.scale, o.zero_point)
         want = (3, spec.size, spec.size) if spec.layout.value == "nchw" else (spec.size, spec.size, 3)
-        if tuple(i.shape[1:]) != want:
+        if not takes(i.shape[1:], want):
             raise BadInput(f"{model.manifest.ref}: the model takes {i.shape}, "
                            f"the manifest's {spec.layout.value} {spec.size}px says (N, {', '.join(map(str, want))})")
 

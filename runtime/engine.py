@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from runtime.backends.llamacpp_batch import LlamaCppBatch
@@ -181,11 +181,11 @@ class Engine:
         req = self.chat_request(messages, params)
         return req.prompt, req.truncations
 
-    def chat_request(self, messages: list[dict[str, str]], params: SamplingParams | None = None, **fields: Any
-                     ) -> GenRequest:
+    def chat_request(self, messages: list[dict[str, str]], params: SamplingParams | None = None, *,
+                     interrupt: Callable[[], None] | None = None, **fields: Any) -> GenRequest:
         """A :class:`GenRequest` for ``messages`` (``fields``: priority, deadline, truncate...); the system
-        prompt is kept (``n_keep``) when the context must shift."""
-        return start_chat(_ChatFit(self, fields), messages, params or self.defaults)
+        prompt is kept (``n_keep``) when the context must shift. ``interrupt``: see :func:`runtime.chat.start_chat`."""
+        return start_chat(_ChatFit(self, fields), messages, params or self.defaults, interrupt)
 
     # -- driving and state ---------------------------------------------------------------------------------------
     def step(self) -> bool:

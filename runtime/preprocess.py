@@ -17,6 +17,14 @@ from runtime.errors import BadInput, missing
 from runtime.files import open_regular
 
 MAX_IMAGE_PIXELS = 64 << 20  # refuse decompression bombs before decoding
+# What one load_rgb holds at its peak, per pixel the decoder produces: the decoded image (up to 4 bytes a pixel:
+# RGBA, CMYK, 32-bit gray), its RGB conversion (3) and the bytes numpy's array is made from (3).
+DECODE_BYTES_PER_PIXEL = 10
+REDUCE_FROM = 2  # an image is reduced once both its sides are at least this many times what the model needs
+
+
+class ImageTooLarge(BadInput):
+    """An image whose decode would produce more pixels than allowed (the server answers HTTP 413)."""
 
 
 def _pil():
@@ -27,21 +35,54 @@ def _pil():
     return Image
 
 
-def load_rgb(path: Path | str) -> np.ndarray:
-    """Decode an image file to uint8 RGB, HxWx3. Undecodable files raise BadInput naming the file."""
+def decode_bytes(max_pixels: int) -> int:
+    """The most one :func:`load_rgb` within ``max_pixels`` holds at once, in bytes."""
+    return max_pixels * DECODE_BYTES_PER_PIXEL
+
+
+def needed_side(spec: VisionSpec) -> int:
+    """The shortest side, in pixels, that :func:`resize_rgb` scales an image to before it crops (or stretches)."""
+    if spec.resize is ResizeMode.STRETCH:
+        return spec.size
+    return max(spec.size, round(spec.size / spec.crop_fraction))
+
+
+def load_rgb(path: Path | str, *, need: int | None = None, max_pixels: int = MAX_IMAGE_PIXELS) -> np.ndarray:
+    """Decode an image file to uint8 RGB, HxWx3. Undecodable files raise BadInput naming the file.
+
+    ``max_pixels``: the most pixels the decoder may produce, checked from the header before any is decoded;
+    more raises ImageTooLarge naming the limit. ``need`` (see :func:`needed_side`): the image only has to keep
+    both sides at least this long, so a JPEG is decoded at 1/2, 1/4 or 1/8 scale (DCT scaling, ``Image.draft``)
+    when that keeps them, which is what ``max_pixels`` is then checked against, and another format is reduced
+    by a whole factor (a box filter, ``Image.reduce``) right after its decode. Without ``need`` every pixel is
+    decoded, as the bundle's calibration saw them."""
     Image = _pil()
     path = Path(path)
     try:
         # open_regular: a missing path, a FIFO or a device is one line, and a FIFO swapped in after its stat() is
         # opened without blocking and refused by fstat() (a check-then-open by path would wait on it forever).
         with open_regular(path, "image file") as fh, Image.open(fh) as img:
-            if img.width * img.height > MAX_IMAGE_PIXELS:
-                raise BadInput(f"{path}: {img.width}x{img.height} pixels is too large (at most {MAX_IMAGE_PIXELS})")
+            full = img.size
+            if need is not None:
+                img.draft("RGB", (need, need))  # JPEG only (a no-op elsewhere); img.size becomes the decoded size
+            w, h = img.size
+            if w * h > max_pixels:
+                scaled = f" (still {w}x{h} at the smallest JPEG scale)" if (w, h) != full else ""
+                raise ImageTooLarge(f"{path}: {full[0]}x{full[1]} pixels{scaled} is too large to decode: "
+                                    f"at most {max_pixels} pixels")
+            factor = min(w, h) // need if need is not None else 1
+            if factor >= REDUCE_FROM:
+                img.load()
+                reduced = img.reduce(factor) if img.mode in ("L", "LA", "RGB", "RGBA") else img.convert("RGB").reduce(factor)
+                return np.asarray(reduced.convert("RGB"), dtype=np.uint8)
             return np.asarray(img.convert("RGB"), dtype=np.uint8)
     except BadInput:
         raise
-    except Exception as exc:  # PIL raises many types for damaged files
-        raise BadInput(f"{path}: cannot decode as an image ({type(exc).__name__}: {exc})") from None
+    except Exception as exc:  # PIL raises many types for damaged files (and DecompressionBombError past its own bound)
+        too_large = type(exc).__name__ == "DecompressionBombError"
+        kind = ImageTooLarge if too_large else BadInput
+        what = f"is too large to decode (at most {max_pixels} pixels)" if too_large else "cannot decode as an image"
+        raise kind(f"{path}: {what} ({type(exc).__name__}: {exc})") from None
 
 
 def resize_rgb(rgb: np.ndarray, spec: VisionSpec) -> np.ndarray:
@@ -54,7 +95,7 @@ def resize_rgb(rgb: np.ndarray, spec: VisionSpec) -> np.ndarray:
     if spec.resize is ResizeMode.STRETCH:
         img = img.resize((size, size), Image.BILINEAR)
     else:
-        short = max(size, round(size / spec.crop_fraction))
+        short = needed_side(spec)
         w, h = img.size
         scale = short / min(w, h)
         img = img.resize((max(size, round(w * scale)), max(size, round(h * scale))), Image.BILINEAR)

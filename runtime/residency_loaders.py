@@ -42,8 +42,8 @@ def _options(spec: Any, valid: tuple[str, ...]) -> dict[str, Any]:
         whole = isinstance(value, int) and not isinstance(value, bool)
         if name in COUNTS and not (whole and value > 0):
             raise BadInput(f"{spec.name}: option {name}={value!r} must be a positive whole number")
-        if name == "prefix_cache_bytes" and not (whole and value >= 0):
-            raise BadInput(f"{spec.name}: option prefix_cache_bytes={value!r} must be bytes >= 0")
+        if name in ("prefix_cache_bytes", "decode_bytes") and not (whole and value >= 0):
+            raise BadInput(f"{spec.name}: option {name}={value!r} must be bytes >= 0")
         if name == "speculate" and not isinstance(value, bool):
             raise BadInput(f"{spec.name}: option speculate={value!r} must be true or false")
         if name == "kv_type" and value not in {k.value for k in KVType}:
@@ -134,15 +134,27 @@ class _ClassifierLoader:
         return _classifier_runtime(self._plans[_key(spec)])
 
     def load(self, spec: Any, budget: int) -> Any:
-        planned = self.plan_bytes(spec, budget) if _key(spec) not in self._plans else self._plans[_key(spec)].total_bytes
-        return _agrees(spec, self._open(spec, budget, dict(spec.options)), planned)
+        if _key(spec) not in self._plans:
+            _ClassifierLoader.plan_bytes(self, spec, budget)
+        return _agrees(spec, self._open(spec, budget, dict(spec.options)), self._plans[_key(spec)].total_bytes)
+
+
+DECODE_TERM = "image decode"  # the server's decode slots: one pool whichever vision models it serves, counted once
 
 
 class VisionLoader(_ClassifierLoader):
-    """kind "vision": runtime.classifier.Classifier. Options: batch, threads, target."""
+    """kind "vision": runtime.classifier.Classifier. Options: batch, threads, target, decode_bytes (what the
+    images decoded for it at once may hold: planned with it, under DECODE_TERM, once for every vision model)."""
 
     KIND = ModelKind.VISION
-    OPTIONS = ("batch", "threads", "target")
+    OPTIONS = ("batch", "threads", "target", "decode_bytes")
+
+    def plan_bytes(self, spec: Any, budget: int) -> int:
+        return super().plan_bytes(spec, budget) + int(spec.options.get("decode_bytes") or 0)
+
+    def shared_bytes(self, spec: Any) -> Mapping[str, int]:
+        decode = int(spec.options.get("decode_bytes") or 0)
+        return {**super().shared_bytes(spec), **({DECODE_TERM: decode} if decode else {})}
 
     def _plan(self, manifest: Any, opts: dict[str, Any], budget: int) -> Any:
         from runtime.vision_plan import plan_classifier

@@ -2,14 +2,16 @@
 
     cache = ResultCache(64 << 20, ttl_s=600)
     if cache.cacheable(params):                       # temperature 0, or a fixed seed
-        key = cache.key(model_version, params, payload)
+        key = cache.key(model_version, params, payload, scope=caller)
         hit = cache.get(key)
         if hit is None:
             hit = run(...)
             cache.put(key, hit, size_bytes=len(body))  # the caller says what the value weighs
 
-A key is the SHA-256 of the canonical JSON of (model version, parameters, input): any change to one
-of them is another key, so a new model version never answers from the old one's results. Bytes in
+A key is the SHA-256 of the canonical JSON of (model version, parameters, input, scope): any change to one
+of them is another key, so a new model version never answers from the old one's results, and one caller's
+entries never answer another's (a hit would tell a caller what someone else asked): ``scope`` names who may
+read them, e.g. a digest of the caller's API key, never the key itself. Bytes in
 the input (an image, a WAV) enter the key as their own SHA-256, tagged as bytes. Entries leave least recently used
 first when the bytes would pass ``capacity_bytes``, and are refused by ``get`` once ``ttl_s`` has passed
 since they were put. Thread-safe.
@@ -70,9 +72,12 @@ class ResultCache:
         self._counts = {"hits": 0, "misses": 0, "evictions": 0, "expired": 0, "refused": 0}
 
     @staticmethod
-    def key(model_version: str, params: Any, payload: Any) -> str:
-        """SHA-256 of the canonical JSON of the three; BadInput for a value JSON cannot hold."""
-        text = json.dumps([str(model_version), _canonical(params), _canonical(payload)], sort_keys=True,
+    def key(model_version: str, params: Any, payload: Any, scope: str = "") -> str:
+        """SHA-256 of the canonical JSON of the four; BadInput for a value JSON cannot hold. ``scope``: the entry
+        answers only keys made with the same scope ("": one shared scope, for a server without API keys)."""
+        if not isinstance(scope, str):
+            raise BadInput(f"result cache: scope must be a string, not {type(scope).__name__}")
+        text = json.dumps([str(model_version), _canonical(params), _canonical(payload), scope], sort_keys=True,
                           separators=(",", ":"), ensure_ascii=False, allow_nan=False)
         return hashlib.sha256(text.encode("utf-8")).hexdigest()
 

@@ -78,8 +78,7 @@ def main(args: argparse.Namespace) -> int:
     cfg = build_config(args)
     keys = load_keys(cfg.api_keys_file)
     check_bind(cfg.host, keys)  # before anything binds: one line, exit 2
-    import uvicorn
-
+    from apps.http_limits import uvicorn_config
     from apps.server.app import create_app
     from apps.server.serving import DrainingServer, listen
     from apps.server.state import ServerState
@@ -92,7 +91,8 @@ def main(args: argparse.Namespace) -> int:
     print(f"edgerun: serving {', '.join(m.name for m in cfg.models)} on http://{shown}:{port}/v1 "
           f"({'API key required' if keys.required else 'no API key: loopback only'}); /readyz says when loaded",
           file=sys.stderr)
-    server = DrainingServer(uvicorn.Config(create_app(state), log_level="info" if args.verbose else "warning",
+    # connections capped below the descriptor limit, deadlines on headers and bodies (apps/http_limits.py)
+    server = DrainingServer(uvicorn_config(create_app(state), log_level="info" if args.verbose else "warning",
                                            access_log=args.verbose, timeout_graceful_shutdown=5), state)
     # uvicorn shuts down gracefully on SIGINT/SIGTERM, then raises the signal again: after a graceful stop either
     # one ends the command with 0, as a service manager expects.

@@ -7,7 +7,7 @@ import argparse
 import asyncio
 import sys
 
-from apps.cli.flags import size, thread_count
+from apps.cli.flags import integer, number, size, thread_count
 
 HELP = "serve speech-to-text, text-to-speech and wake words to Home Assistant over Wyoming (tcp://127.0.0.1:10300)"
 NON_COMMERCIAL = ("note: openWakeWord's models are CC BY-NC-SA 4.0 (non-commercial use only); a wake word of your own "
@@ -30,6 +30,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-tts", action="store_true", help="do not offer text-to-speech")
     parser.add_argument("--memory", type=size(), metavar="SIZE", help="one memory budget for every served model, e.g. 1G")
     parser.add_argument("--threads", type=thread_count, metavar="N", help="CPU threads per model (default: the placement's)")
+    # the server's bounds (apps/voice/wyoming_server.py): what one client, or many, can hold
+    parser.add_argument("--max-connections", type=integer(1, 1024), default=16, metavar="N",
+                        help="connections at once; one more gets an error event and is closed (default 16)")
+    parser.add_argument("--max-audio-seconds", type=number(1, 600, "at 16 kHz, 19 MB per connection at most"), default=60.0,
+                        metavar="S", help="audio in one transcribe request; longer is refused with an error event (default 60)")
+    parser.add_argument("--idle-timeout", type=number(1, 86400), default=300.0, metavar="S",
+                        help="close a connection that sends nothing, or half an event, for this long (default 300)")
 
 
 def build_service(args: argparse.Namespace):
@@ -53,7 +60,8 @@ def build_service(args: argparse.Namespace):
             served["wake"] = _wake_served(args.wake_word)
         if not served:
             raise BadInput("--no-asr and --no-tts without --wake-word leave nothing to serve")
-        return WyomingService(models, **served)
+        return WyomingService(models, **served, max_connections=args.max_connections,
+                              max_transcribe_seconds=args.max_audio_seconds, idle_seconds=args.idle_timeout)
     except BaseException:
         models.close()
         raise
@@ -104,6 +112,7 @@ def main(args: argparse.Namespace) -> int:
               file=sys.stderr)
         asyncio.run(serve(service, uri))
     finally:
+        service.close()
         service.models.close()
     print("edgerun: Wyoming server stopped", file=sys.stderr)
     return 0

@@ -13,6 +13,13 @@ submitted; the pipeline decides every part still queued or in flight (its fail-s
 model does not finish in time) and hands each decision to the PLC journal and the audit trail before the PLC
 link closes (unacknowledged decisions stay journaled and are resent, in order, on the next start).
 
+Faults (:mod:`apps.kiosk.faults`): a decision that cannot be journaled for the PLC (a full SD card) latches a
+``plc`` fault: that part is recorded as a fail-safe reject it never was told, and every later decision is sent
+as a fail-safe reject until an operator clears the fault (the dashboard's ``POST /api/faults/clear``, or
+:meth:`Kiosk.clear_faults`). An audit trail that cannot write latches an ``audit`` fault (shown; parts are still
+decided). Each latch and clear is written to the audit trail's ``events`` (kept in memory and written again
+once the disk has room).
+
 Model updates on a running kiosk: :meth:`Kiosk.update_model` (the new ref is resolved, loaded and checked
 against the policy while the old version keeps deciding; the switch is atomic between batches; a version that
 does not load or fit is refused and the old one keeps deciding), :meth:`Kiosk.rollback` and, with a canary
@@ -29,11 +36,13 @@ import threading
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
 from apps.kiosk.config import KioskConfig, read_config
+from apps.kiosk.faults import FaultEvent, FaultKind, FaultLatch
 from apps.kiosk.types import Decision, Part, Verdict
 from runtime.errors import BadInput, one_line
 
@@ -47,6 +56,14 @@ RECORD_QUEUE = 4096  # decisions waiting for the audit trail and the dashboard (
 RECORD_IMAGES = 32  # of them with their frame; past that a record goes without it (the row is what matters)
 RECORDS_DRAIN_S = 60.0  # at shutdown, how long the audit trail may take for the decisions still queued
 PLC_DRAIN_S = 5.0  # at shutdown, how long to wait for the PLC to acknowledge what is journaled
+# The kiosk process outside its models' plans (their runtime terms count ONNX Runtime's or LiteRT's library, not the
+# interpreter): the interpreter, numpy, PIL, SQLite, the dashboard's uvicorn and Starlette and edgerun's kiosk modules
+# measured 55 MiB imported (x86_64, 2026-12-07); the dashboard at its connection cap (1,100 idle sockets offered)
+# added 3.7 MiB; the threads' stacks and the decision queues' rows a few more. Frames in flight are the source's
+# (max_queue of them, at the camera's size), not counted here.
+PROCESS_BYTES = 64 << 20
+MAX_UNWRITTEN_EVENTS = 1024  # fault events waiting for an audit trail that cannot write (one per latch or clear)
+_EVENTS = "events"  # a record-queue item: write the fault events waiting
 
 
 def residency_name(name: str) -> str:
@@ -115,6 +132,10 @@ class Kiosk:
         self.model_name = MODEL_NAME  # the residency manager's name for it
         self.deciding_name = ""  # the deciding bundle's own name (its manifest's)
         self._plc_final: dict[str, Any] | None = None
+        self._audit_final: dict[str, Any] | None = None
+        self.faults = FaultLatch(self._on_fault_event)
+        self._events: deque[FaultEvent] = deque()  # latched/cleared, not yet in the audit trail (under self._lock)
+        self._events_lost = 0
 
     # -- start ---------------------------------------------------------------------------------------------------
     def start(self) -> Kiosk:
@@ -145,6 +166,7 @@ class Kiosk:
         from apps.kiosk.audit import AuditTrail, default_db_path
         from apps.kiosk.pipeline import Pipeline
         from apps.kiosk.plc import PlcOut
+        from apps.kiosk.retention import Retention
         from apps.kiosk.sources import open_source
         from apps.kiosk.state import Follower, KioskState, board_temperature_c
         from runtime.plan import default_budget
@@ -166,13 +188,17 @@ class Kiosk:
             classes = tuple(getattr(model, "labels", ()) or ())
             self.deciding_name, version, _ = identity(model)
         self.plc = PlcOut.open(cfg.plc, journal=cfg.plc_journal, classes=classes)
-        self.audit = AuditTrail(cfg.audit_db or default_db_path(), quota_bytes=cfg.audit_quota, pass_sample=cfg.pass_sample)
-        self.state = KioskState(model=self.deciding_name, version=version, temperature=self.temperature or board_temperature_c)
+        keep = Retention(cfg.audit_max_age_days * 86400.0, cfg.audit_db_quota, cfg.audit_min_free)
+        self.audit = AuditTrail(cfg.audit_db or default_db_path(), quota_bytes=cfg.audit_quota, pass_sample=cfg.pass_sample,
+                                retention=keep, on_fault=lambda message: self.faults.latch(FaultKind.AUDIT, message))
+        self.state = KioskState(model=self.deciding_name, version=version, temperature=self.temperature or board_temperature_c,
+                                faults=self.faults)
         if cfg.dashboard:
             from apps.kiosk.dashboard import serve_dashboard
 
             self.dashboard = serve_dashboard(self.state, cfg.host, cfg.port, token)
-        self.follower = Follower(self.state, stats=self.pipeline.stats, plc=self.plc.state, source=self.source.health)
+        self.follower = Follower(self.state, stats=self.pipeline.stats, plc=self.plc.state, source=self.source.health,
+                                 audit=self.audit.stats)
         log.info("kiosk: %s -> %s (%s, %s) -> PLC %s; threads %s%s", cfg.source, cfg.model, version,
                  self.pipeline.placement or "placed", cfg.plc, self.threads,
                  f"; dashboard {self.dashboard.url}" if self.dashboard else "")
@@ -218,7 +244,19 @@ class Kiosk:
 
     def _on_decision(self, decision: Decision) -> None:
         """The pipeline's output thread: the PLC now (the gate waits for it); the audit trail and the page get it
-        from the recorder thread, so a slow disk or page never delays the next part's PLC write."""
+        from the recorder thread, so a slow disk or page never delays the next part's PLC write. While a fault
+        that rejects is latched, what goes out is a fail-safe reject; a decision the PLC journal refuses latches
+        that fault, and the part is recorded as the fail-safe reject the PLC must have made of it."""
+        fault = self.faults.rejecting()
+        if fault is not None and decision.verdict is not Verdict.REJECT:
+            decision = _fault_reject(decision, f"fault_latched: the {fault.kind.value} fault since "
+                                               f"{time.strftime('%H:%M:%S', time.localtime(fault.since))}: {fault.message}")
+        failed = self._output("plc", lambda: self.plc.send(decision), decision)
+        if failed is not None:
+            self.faults.latch(FaultKind.PLC, f"part {decision.seq} ({Verdict(decision.verdict).value}) did not reach the "
+                                             f"PLC journal: {failed}", part=decision.seq)
+            decision = _fault_reject(decision, f"plc_fault: {Verdict(decision.verdict).value} not delivered to the PLC: "
+                                               f"{failed}")
         with self._lock:
             image = self._images.pop(decision.seq, None)
             self._count_decided(decision.seq)
@@ -230,7 +268,6 @@ class Kiosk:
                     self._counts["record_images_dropped"] += 1
                 else:
                     self._records_with_image += 1
-        self._output("plc", lambda: self.plc.send(decision), decision)
         item = (decision, image)
         try:
             self._records.put_nowait(item)
@@ -238,13 +275,54 @@ class Kiosk:
             log.warning("kiosk: %d decisions wait for the audit trail; the line waits for it", RECORD_QUEUE)
             self._records.put(item)  # never a lost row: back-pressure, after a long buffer
 
-    def _output(self, name: str, write: Callable[[], object], decision: Decision) -> None:
+    def _output(self, name: str, write: Callable[[], object], decision: Decision) -> str | None:
+        """None when ``write`` worked, else its error in one line (counted, logged)."""
         try:
             write()
         except Exception as exc:  # one output failing must not cost the others this decision
             with self._lock:
                 self._errors[name] += 1
-            log.error("kiosk: part %d: %s output failed: %s", decision.seq, name, one_line(exc))
+            error = one_line(exc)
+            log.error("kiosk: part %d: %s output failed: %s", decision.seq, name, error)
+            return error
+        return None
+
+    # -- faults --------------------------------------------------------------------------------------------------
+    def clear_faults(self, operator: str, note: str = "") -> list[dict[str, Any]]:
+        """Release every latched fault (an operator looked): decisions go out as decided again. Returns the faults
+        released; the audit trail's ``events`` records who cleared them. BadInput for a bad operator or note."""
+        return [f.to_dict() for f in self.faults.clear(operator, note)]
+
+    def _on_fault_event(self, event: FaultEvent) -> None:
+        """From the latching or clearing thread (the dashboard's too): queued for the audit trail, never waited for."""
+        if event.action == "latched":
+            log.error("kiosk: %s fault latched: %s", event.kind.value, event.message)
+        else:
+            log.warning("kiosk: %s fault cleared by %s: %s", event.kind.value, event.operator, event.message)
+        with self._lock:
+            if len(self._events) >= MAX_UNWRITTEN_EVENTS:
+                self._events_lost += 1
+                return
+            self._events.append(event)
+        try:
+            self._records.put_nowait(_EVENTS)
+        except queue.Full:  # the recorder has work queued: it writes the events before the next item anyway
+            pass
+
+    def _write_events(self) -> None:
+        """The recorder thread: the fault events waiting, oldest first; those the trail refuses wait for the next try."""
+        while True:
+            with self._lock:
+                if not self._events:
+                    return
+                event = self._events[0]
+            try:
+                self.audit.event(event.kind.value, event.action, event.message, operator=event.operator, at=event.at)
+            except Exception as exc:  # the disk is still full: kept, and the trail's own fault is latched
+                self.faults.latch(FaultKind.AUDIT, f"the {event.kind.value} {event.action} event was not written: {one_line(exc)}")
+                return
+            with self._lock:
+                self._events.popleft()
 
     def _start_recorder(self) -> None:
         self._recorder = threading.Thread(target=self._record_loop, name="kiosk-records", daemon=True)
@@ -252,13 +330,24 @@ class Kiosk:
 
     def _record_loop(self) -> None:
         while (item := self._records.get()) is not None:
-            decision, image = item
-            if image is not None:
-                with self._lock:
-                    self._records_with_image -= 1
-            self._output("audit", lambda d=decision, i=image: self.audit.record(d, i), decision)
-            self._output("dashboard", lambda d=decision, i=image: self.state.on_decision(d, i), decision)
+            self._write_events()  # a fault's latch is written before the row of the part it first cost
+            if item is not _EVENTS:
+                decision, image = item
+                if image is not None:
+                    with self._lock:
+                        self._records_with_image -= 1
+                failed = self._output("audit", lambda d=decision, i=image: self.audit.record(d, i), decision)
+                if failed is not None:
+                    self.faults.latch(FaultKind.AUDIT, f"the row of part {decision.seq} was not written: {failed}")
+                self._output("dashboard", lambda d=decision, i=image: self.state.on_decision(d, i), decision)
             self._records.task_done()
+        self._write_events()
+        with self._lock:
+            left, lost = list(self._events), self._events_lost
+        for event in left:  # the log is the last place they can go
+            log.error("kiosk: not in the audit trail: %s %s %s", event.kind.value, event.action, event.message)
+        if lost:
+            log.error("kiosk: %d fault events were dropped while the audit trail could not write", lost)
         self._records.task_done()
 
     def _records_idle(self, timeout: float | None) -> bool:
@@ -384,6 +473,7 @@ class Kiosk:
         for name, closer in (("dashboard feed", self.follower and self.follower.stop),
                              ("dashboard", self.dashboard and self.dashboard.stop),
                              ("audit pictures", self.audit and (lambda: self.audit.flush(10.0))),
+                             ("audit state", self.audit and self._final_audit_state),
                              ("PLC state", self.plc and self._final_plc_state),
                              ("PLC", self.plc and self.plc.close), ("audit", self.audit and self.audit.close),
                              ("models", self.residency and self.residency.close)):
@@ -396,6 +486,9 @@ class Kiosk:
 
     def _final_plc_state(self) -> None:
         self._plc_final = self.plc.state().to_dict()
+
+    def _final_audit_state(self) -> None:
+        self._audit_final = self.audit.stats()
 
     def __enter__(self) -> Kiosk:
         return self
@@ -427,7 +520,15 @@ class Kiosk:
             "plc": plc, "output_errors": errors, "capture_error": self.capture_error,
             "source_health": self.source.health() if self.source is not None else None,
             "audit_pictures_dropped": getattr(self.audit, "pictures_dropped", 0),
+            "audit": self._audit_final or (self.audit.stats() if hasattr(self.audit, "stats") and not self._closed
+                                           else None),
+            "faults": self.faults.snapshot(),
         }
+
+
+def _fault_reject(decision: Decision, reason: str) -> Decision:
+    """``decision`` as a fail-safe reject for ``reason`` (the model's score and latencies kept)."""
+    return replace(decision, verdict=Verdict.REJECT, reason=reason[:500], failsafe=True)
 
 
 def summary_line(s: Mapping[str, Any]) -> str:
@@ -436,6 +537,8 @@ def summary_line(s: Mapping[str, Any]) -> str:
     p = "n/a" if lat["p50"] is None else f"{lat['p50']:.1f}/{lat['p99']:.1f} ms"
     plc = s.get("plc") or {}
     acked = f", PLC backlog {plc.get('backlog')}" if plc else ""
+    faults = (s.get("faults") or {}).get("active") or []
+    latched = f"; FAULT latched: {', '.join(f['kind'] for f in faults)}" if faults else ""
     return (f"kiosk: {s['parts']} parts in {s['seconds']:.1f} s ({s['parts_per_s']:.1f}/s): {s['pass']} pass, "
             f"{s['reject']} reject, {s['review']} review; {s['failsafe']} fail-safe; total latency p50/p99 {p}"
-            f"{acked}; model {s['model']} {s['version']}")
+            f"{acked}; model {s['model']} {s['version']}{latched}")

@@ -28,6 +28,10 @@
     db = "audit.db"               # default $EDGERUN_HOME/kiosk/audit.db
     quota = "512M"                # disk for reject/review pictures and the pass sample, oldest deleted first
     pass_sample = 0.02
+    max_age_days = 0              # rows (and their pictures) older than this are deleted, oldest first (0: any age)
+    db_quota = "2G"               # database pages in use at most; past it the oldest rows go
+    min_free = "256M"             # free space kept on the audit trail's disk: under it the oldest pictures, then
+                                  # rows, go and new pictures are not kept (a row is still written)
 
     [dashboard]
     enabled = true
@@ -60,11 +64,12 @@ KEYS = {
     "source": ("spec", "watch", "rate", "max_parts"),
     "model": ("ref", "canary", "threads", "batch", "target", "memory", "deadline_ms", "max_queue", "max_wait_ms"),
     "plc": ("url", "journal"),
-    "audit": ("db", "quota", "pass_sample"),
+    "audit": ("db", "quota", "pass_sample", "max_age_days", "db_quota", "min_free"),
     "dashboard": ("enabled", "host", "port", "token_file"),
 }
 TARGETS = ("auto", "cpu", "gpu", "npu")
 DEFAULT_RATE = 20.0  # parts/s a file or folder is replayed at: the line speed the kiosk is built for
+MIN_DB_QUOTA = 64 << 10  # bytes: a few pages of SQLite; less could not hold the schema
 
 
 @dataclass(frozen=True)
@@ -88,6 +93,9 @@ class KioskConfig:
     audit_db: Path | None = None
     audit_quota: int = 512 << 20
     pass_sample: float = 0.02
+    audit_max_age_days: float = 0.0  # 0: rows of any age are kept (the quotas still bound them)
+    audit_db_quota: int = 2 << 30  # bytes of database pages in use
+    audit_min_free: int = 256 << 20  # bytes left free on the audit trail's file system
     dashboard: bool = True
     host: str = "127.0.0.1"
     port: int = 8080
@@ -172,6 +180,12 @@ def parse_config(data: dict[str, Any], base: Path = Path(".")) -> KioskConfig:
         out["audit_quota"] = _size("[audit] quota", a["quota"], minimum=0)
     if "pass_sample" in a:
         out["pass_sample"] = _number("[audit] pass_sample", a["pass_sample"], 0, 1)
+    if "max_age_days" in a:
+        out["audit_max_age_days"] = _number("[audit] max_age_days", a["max_age_days"], 0, 36_500)
+    if "db_quota" in a:
+        out["audit_db_quota"] = _size("[audit] db_quota", a["db_quota"], minimum=MIN_DB_QUOTA)
+    if "min_free" in a:
+        out["audit_min_free"] = _size("[audit] min_free", a["min_free"], minimum=0)
     if "enabled" in d:
         out["dashboard"] = _typed("[dashboard] enabled", d["enabled"], bool, "true or false")
     if "host" in d:

@@ -2,12 +2,20 @@
 
 Routes: ``/`` (the page), ``/app.js``, ``/style.css``, ``/events`` (SSE: a full snapshot on connect and after
 every change, at most ``MAX_EVENTS_PER_S`` a second per browser), ``/api/state`` (the snapshot as JSON),
-``/api/frame/latest[?seq=N]`` and ``/api/rejects/{n}`` (JPEG).
+``/api/frame/latest[?seq=N]`` and ``/api/rejects/{n}`` (JPEG), and one action: ``POST /api/faults/clear`` with
+``Content-Type: application/json`` and ``{"operator": NAME, "note": TEXT}`` releases the latched faults
+(:mod:`apps.kiosk.faults`) and answers ``{"cleared": [...], "faults": {...}}``; 400 for a bad body, 403 from
+another origin, 413 over MAX_CLEAR_BODY bytes, 415 without the JSON content type. From a shell on the kiosk::
+
+    curl -X POST -H 'Content-Type: application/json' -d '{"operator": "ana"}' http://127.0.0.1:8080/api/faults/clear
 
 Closed by default: it binds 127.0.0.1, and without a token it answers only requests addressed to a loopback
 name (a page elsewhere cannot reach it through DNS rebinding). Beyond this machine it needs a token (from a file:
 :func:`load_token`), compared in constant time; a browser opens ``/?token=TOKEN`` once and keeps it in a cookie,
-other clients send ``Authorization: Bearer TOKEN``. The page loads nothing from anywhere else (its CSP forbids it).
+other clients send ``Authorization: Bearer TOKEN``. The page loads nothing from anywhere else (its CSP forbids it),
+and every response, errors included, carries the same security headers (:data:`HEADERS`; CORP same-origin: no
+other site may embed a frame or the state). The clear action needs a JSON body, which a cross-site form cannot
+send, and refuses a request whose ``Origin`` or ``Sec-Fetch-Site`` names another site.
 """
 
 from __future__ import annotations
@@ -16,6 +24,7 @@ import asyncio
 import hashlib
 import hmac
 import ipaddress
+import json
 import logging
 import re
 import threading
@@ -26,12 +35,13 @@ from typing import Any
 
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import FileResponse, JSONResponse, PlainTextResponse, RedirectResponse, Response
 from starlette.routing import Route
 
 from apps.kiosk.state import KioskState, Subscription
-from runtime.errors import BadInput
+from runtime.errors import BadInput, one_line
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +58,9 @@ HEADERS = {
     "X-Content-Type-Options": "nosniff",
     "Referrer-Policy": "no-referrer",
     "Cache-Control": "no-store",
+    "Cross-Origin-Resource-Policy": "same-origin",  # no other site's page may load a frame, a reject or the state
 }
+MAX_CLEAR_BODY = 4096  # bytes of a fault-clear request: an operator's name and a note
 
 
 def check_token(token: str, where: str = "the dashboard token") -> str:
@@ -129,6 +141,74 @@ class _Guard:
                                  "'Authorization: Bearer TOKEN'\n", status_code=401, headers=HEADERS)
 
 
+class _SecurityHeaders:
+    """ASGI middleware: every response gets the HEADERS it does not set itself (404 and 405 included)."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+        self.headers = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in HEADERS.items()]
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def send_with_headers(message: dict) -> None:
+            if message["type"] == "http.response.start":
+                headers = list(message.get("headers", []))
+                have = {k.lower() for k, _ in headers}
+                headers += [(k, v) for k, v in self.headers if k not in have]
+                message = {**message, "headers": headers}
+            await send(message)
+
+        await self.app(scope, receive, send_with_headers)
+
+
+async def _internal_error(request: Request, exc: Exception) -> Response:
+    """A bug in a handler: one line, the security headers still on (this runs outside the middleware)."""
+    log.error("dashboard: %s %s failed: %s", request.method, request.url.path, one_line(exc))
+    return PlainTextResponse("internal error\n", status_code=500, headers=HEADERS)
+
+
+def _other_origin(request: Request) -> str | None:
+    """Why a state-changing request comes from another site, None when it does not (a browser names the page's
+    origin in ``Origin`` and ``Sec-Fetch-Site``; curl sends neither)."""
+    site = request.headers.get("sec-fetch-site")
+    if site is not None and site not in ("same-origin", "none"):
+        return f"Sec-Fetch-Site {site[:20]!r}"
+    origin = request.headers.get("origin")
+    if origin is not None and origin != f"{request.url.scheme}://{request.headers.get('host', '')}":
+        return f"Origin {origin[:80]!r}"
+    return None
+
+
+async def _clear_request(request: Request) -> tuple[str, str] | Response:
+    """(operator, note) from a fault-clear request, or the response that refuses it."""
+    def refuse(status: int, text: str) -> Response:
+        return PlainTextResponse(text + "\n", status_code=status, headers=HEADERS)
+
+    if (why := _other_origin(request)) is not None:
+        return refuse(403, f"refusing to clear faults for a page of another site ({why})")
+    if request.headers.get("content-type", "").partition(";")[0].strip().lower() != "application/json":
+        return refuse(415, 'send Content-Type: application/json and {"operator": NAME, "note": TEXT}')
+    length = request.headers.get("content-length", "0")
+    if not length.isdigit() or int(length) > MAX_CLEAR_BODY:
+        return refuse(413, f"a fault-clear request is at most {MAX_CLEAR_BODY} bytes")
+    body = b""
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > MAX_CLEAR_BODY:
+            return refuse(413, f"a fault-clear request is at most {MAX_CLEAR_BODY} bytes")
+    try:
+        data = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        return refuse(400, 'the body is not JSON; send {"operator": NAME, "note": TEXT}')
+    if not isinstance(data, dict) or not isinstance(data.get("operator"), str) or not isinstance(data.get("note", ""), str) \
+            or set(data) - {"operator", "note"}:
+        return refuse(400, 'send {"operator": NAME, "note": TEXT} (note optional), nothing else')
+    return data["operator"], data.get("note", "")
+
+
 @dataclass
 class _Live:
     """The app's open event streams, closed when the dashboard stops so none holds the shutdown."""
@@ -168,9 +248,10 @@ def create_app(state: KioskState, token: str | None = None, live: _Live | None =
 
     async def frame(request: Request) -> Response:
         seq = request.query_params.get("seq")
-        try:
-            wanted = None if seq is None else int(seq, 10)
-        except ValueError:
+        # ASCII digits only (int() would take " 1_2" or "٣"), and few enough that int() stays cheap
+        if seq is None or (seq.isascii() and seq.isdigit() and len(seq) <= 19):
+            wanted = None if seq is None else int(seq)
+        else:
             return PlainTextResponse(f"seq must be a part number, got {seq[:40]!r}\n", status_code=400,
                                      headers=HEADERS)
         found = await run_in_threadpool(state.frame_picture, wanted)
@@ -215,11 +296,22 @@ def create_app(state: KioskState, token: str | None = None, live: _Live | None =
 
         return EventStream(stream(), headers={k: v for k, v in HEADERS.items() if k != "Cache-Control"})
 
+    async def clear_faults(request: Request) -> Response:
+        asked = await _clear_request(request)
+        if isinstance(asked, Response):
+            return asked
+        try:
+            cleared = state.faults.clear(*asked)
+        except BadInput as exc:
+            return PlainTextResponse(f"{exc}\n", status_code=400, headers=HEADERS)
+        return JSONResponse({"cleared": [f.to_dict() for f in cleared], "faults": state.faults.snapshot()}, headers=HEADERS)
+
     routes = [Route("/", guarded(index)), Route("/api/state", guarded(api_state)),
               Route("/api/frame/latest", guarded(frame)), Route("/api/rejects/{n:int}", guarded(reject)),
-              Route("/events", guarded(events))]
+              Route("/events", guarded(events)), Route("/api/faults/clear", guarded(clear_faults), methods=["POST"])]
     routes += [Route(f"/{name}", guarded(asset)) for name in ASSETS]
-    return Starlette(routes=routes)
+    return Starlette(routes=routes, middleware=[Middleware(_SecurityHeaders)],
+                     exception_handlers={Exception: _internal_error})
 
 
 @dataclass
@@ -254,12 +346,14 @@ def serve_dashboard(state: KioskState, host: str = "127.0.0.1", port: int = 8080
     check_bind(host, token)
     import uvicorn
 
+    from apps.http_limits import uvicorn_config
     from apps.server.serving import listen
 
     sock = listen(host, port)
     bound_host, bound_port = sock.getsockname()[:2]
     live = _Live()
-    server = uvicorn.Server(uvicorn.Config(create_app(state, token, live), log_level="warning", access_log=False,
+    # the serve API's connection cap and request deadlines (apps/http_limits.py)
+    server = uvicorn.Server(uvicorn_config(create_app(state, token, live), log_level="warning", access_log=False,
                                            lifespan="off", timeout_graceful_shutdown=2))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="kiosk-dashboard", daemon=True)
     thread.start()

@@ -178,7 +178,7 @@ def parse_url(url: str) -> tuple[str, str, dict[str, int]]:
     rest = []
     for key, value in parse_qsl(query, keep_blank_values=True):
         if key in ("unit", "register"):
-            if not value.isdigit() or len(value) > 5:
+            if not (value.isascii() and value.isdigit()) or len(value) > 5:  # "²".isdigit(), but int("²") fails
                 raise BadInput(f"{key}={shown(value)} in PLC URL {shown(url)} is invalid; give a small non-negative integer")
             options[key] = int(value)
         else:

@@ -16,7 +16,7 @@ from runtime.units import shown
 
 HELP = "export the audit trail (one row per part) since a time as CSV"
 MAX_AGE_DAYS = 3650  # a relative --since reaches back at most ten years
-_AGE = re.compile(r"(\d{1,7})([smhd])")
+_AGE = re.compile(r"([0-9]{1,7})([smhd])")  # ASCII digits: \d would take "٣" too
 _UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}
 VALID = "an ISO 8601 time such as 2026-12-01T00:00 (local time unless it ends in Z or +HH:MM) or an age such as 24h, 7d"
 

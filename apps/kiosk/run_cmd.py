@@ -59,6 +59,7 @@ def main(args: argparse.Namespace) -> int:
         handlers[sig] = signal.signal(sig, handler)
     try:
         kiosk.start()
+        print(f"edgerun: kiosk {plan_line(kiosk.residency.stats())}", file=sys.stderr, flush=True)
         if kiosk.dashboard is not None:
             print(f"edgerun: kiosk dashboard on {kiosk.dashboard.url}", file=sys.stderr, flush=True)
         try:
@@ -75,3 +76,15 @@ def main(args: argparse.Namespace) -> int:
         print(summary_line(summary))
     bad = summary["undecided"] or summary["twice"] or summary["capture_error"]
     return 1 if bad else 0
+
+
+def plan_line(stats: dict[str, int]) -> str:
+    """The memory plan of a started kiosk: its residency manager's (the models' plans and the reserve, within the
+    model budget) and the kiosk process's own term (:data:`apps.kiosk.app.PROCESS_BYTES`)."""
+    from apps.kiosk.app import PROCESS_BYTES
+
+    models, reserve, mib = stats["used_bytes"], stats["reserve_bytes"], 2**20
+    planned = models + reserve + PROCESS_BYTES
+    return (f"memory plan {planned / mib:.1f} MiB planned of a {(stats['budget_bytes'] + PROCESS_BYTES) / mib:.1f} MiB "
+            f"total: models {models / mib:.1f} + reserve {reserve / mib:.1f} of the {stats['budget_bytes'] / mib:.1f} "
+            f"MiB model budget, and the kiosk process {PROCESS_BYTES / mib:.0f}")

@@ -323,7 +323,7 @@ def open_source(spec: str, *, watch: bool = False, trigger=None, first_seq: int 
 
     if not isinstance(spec, str) or not spec.strip():
         raise BadInput(f"source {spec!r} is empty; valid: {VALID_SPECS}")
-    m = re.fullmatch(r"camera:(\d{1,3})", spec.strip())
+    m = re.fullmatch(r"camera:([0-9]{1,3})", spec.strip())
     if spec.startswith("camera:") and not (m and int(m.group(1)) <= MAX_CAMERA):
         raise BadInput(f"source {spec!r} is not a camera index; valid: {VALID_SPECS}")
     if m:

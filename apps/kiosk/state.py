@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from apps.kiosk import overlay
+from apps.kiosk.faults import FaultLatch
 from apps.kiosk.types import STAGES, Decision, Part, Verdict
 from runtime.errors import BadInput, one_line
 
@@ -218,13 +219,15 @@ class KioskState:
     ``gallery``: rejects kept (newest first on the page); ``latency_window``: decisions the p50/p99 are over;
     ``rate_window_s``: the window parts/s is measured over; ``bucket_s`` and ``history``: the charts' bucket
     width and how many buckets are kept; ``saturation_hold_s``: how long "saturated" stays on after the last
-    saturated part; ``temperature``: a no-argument callable giving °C or None (default: the board's sensor).
+    saturated part; ``temperature``: a no-argument callable giving °C or None (default: the board's sensor);
+    ``faults``: the kiosk's fault latch (shown, and cleared through :attr:`faults` by the dashboard).
     """
 
     def __init__(self, *, model: str = "", version: str = "", gallery: int = 24, latency_window: int = 1000,
                  rate_window_s: float = 10.0, bucket_s: float = 60.0, history: int = 60,
                  saturation_hold_s: float = 5.0, temperature: Callable[[], float | None] | None = board_temperature_c,
-                 clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time,
+                 faults: FaultLatch | None = None) -> None:
         for name, value in (("gallery", gallery), ("latency_window", latency_window), ("history", history)):
             if not isinstance(value, int) or value < 1:
                 raise BadInput(f"KioskState {name} must be a positive integer, got {value!r}")
@@ -255,7 +258,10 @@ class KioskState:
         self._pipeline: dict[str, Any] | None = None
         self._plc: dict[str, Any] | None = None
         self._source: dict[str, Any] | None = None
+        self._audit: dict[str, Any] | None = None
         self._subscribers: list[Subscription] = []
+        self.faults = faults if faults is not None else FaultLatch()
+        self.faults.listen(self._on_fault)
 
     # --- writers (the kiosk app's threads) ---------------------------------------------------------------------
 
@@ -334,6 +340,15 @@ class KioskState:
     def set_source(self, health: Mapping[str, Any] | None) -> None:
         """The source's ``health()`` (camera open, frames, restarts...)."""
         self._set("_source", None if health is None else _jsonable(health), "source")
+
+    def set_audit(self, stats: Mapping[str, Any] | None) -> None:
+        """The audit trail's ``stats()`` (rows kept, pruned counts, free space...)."""
+        self._set("_audit", None if stats is None else _jsonable(stats), "audit")
+
+    def _on_fault(self, event: Any) -> None:
+        with self._lock:
+            self.changes += 1
+        self._publish({"kind": "fault", "fault": event.kind.value, "action": event.action})
 
     def set_model(self, name: str, version: str) -> None:
         with self._lock:
@@ -434,6 +449,8 @@ class KioskState:
                 "pipeline": self._pipeline,
                 "plc": self._plc,
                 "source": self._source,
+                "audit": self._audit,
+                "faults": self.faults.snapshot(),
                 "temperature_c": temperature,
                 "last": last,
                 "gallery": [dict(shown.info) for shown in reversed(self._gallery)],
@@ -466,17 +483,18 @@ class KioskState:
 class Follower:
     """A daemon thread that copies the kiosk's pull-style states into a :class:`KioskState` every ``every_s``:
     ``stats`` (the pipeline's ``stats``), ``plc`` (the PLC output's ``state``), ``source`` (the source's
-    ``health``), each a no-argument callable or None. A reader that raises is logged and tried again next time;
-    an unchanged PLC or source state wakes no browser."""
+    ``health``), ``audit`` (the audit trail's ``stats``), each a no-argument callable or None. A reader that
+    raises is logged and tried again next time; an unchanged PLC or source state wakes no browser."""
 
     def __init__(self, state: KioskState, *, stats: Callable[[], Mapping[str, Any]] | None = None,
                  plc: Callable[[], Any] | None = None, source: Callable[[], Mapping[str, Any]] | None = None,
-                 every_s: float = 1.0) -> None:
+                 audit: Callable[[], Mapping[str, Any]] | None = None, every_s: float = 1.0) -> None:
         if not every_s > 0:
             raise BadInput(f"the dashboard's refresh period must be > 0 seconds, got {every_s!r}")
         self._feeds = [(name, read, write) for name, read, write in
                        (("pipeline stats", stats, state.set_pipeline), ("PLC state", plc, state.set_plc),
-                        ("source health", source, state.set_source)) if read is not None]
+                        ("source health", source, state.set_source), ("audit trail", audit, state.set_audit))
+                       if read is not None]
         self.every_s = every_s
         self._stop = threading.Event()
         self._failing: set[str] = set()

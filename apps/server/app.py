@@ -5,7 +5,7 @@
     POST /v1/completions            OpenAI completions, whole or streamed
     POST /v1/classify?model=NAME    an image or a WAV body -> labels and scores
     GET  /healthz                   the process answers (no key needed)
-    GET  /readyz                    the models are loaded (503 until then; no key needed)
+    GET  /readyz                    the models are loaded (503 until then; no key needed: without one, only the status)
     GET  /metrics                   Prometheus text
     GET  /admin/canary              canary states;  POST /admin/canary/{model}/{promote|rollback}
 
@@ -108,6 +108,17 @@ async def healthz(request: Request, state: ServerState, key: ApiKey | None) -> R
 
 
 async def readyz(request: Request, state: ServerState, key: ApiKey | None) -> Response:
+    """Ready (200) or not (503). With API keys configured, a caller without a valid key gets the status alone:
+    the resident models and a start-up error (which may name files and folders) are for key holders."""
+    if state.keys.required:
+        try:
+            state.keys.authenticate(request)
+        except BadInput:  # no key or a wrong one: the status only
+            if state.ready.is_set():
+                return JSONResponse({"status": "ready"})
+            return api.error_response(api.NotReady(
+                "start-up failed: the reason is in the server log, and on /readyz with an API key" if state.failed
+                else "loading models"))
     if state.ready.is_set():
         return JSONResponse({"status": "ready", "models": state.models.resident()})
     raise api.NotReady(state.failed or "loading models")

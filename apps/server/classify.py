@@ -1,12 +1,19 @@
 """POST /v1/classify?model=NAME[&top=K]: an image (Content-Type image/*) or a WAV (audio/wav) body in, labels and
 scores out, through a vision or audio bundle. Requests to one model are batched by runtime.batcher.DynamicBatcher
-(up to limits.classify_batch items or limits.classify_wait_ms after the first, whichever comes first)."""
+(up to limits.classify_batch items or limits.classify_wait_ms after the first, whichever comes first).
+
+A body is decoded only once it has a place: the batcher's queue for its class has room (else 429) and one of the
+server's limits.decode_slots is free within DECODE_WAIT_S (else 429 with Retry-After; the slots are counted in the memory plan, see
+apps.server.models). An image is decoded at no more than the model needs (runtime.preprocess.load_rgb's ``need``)
+and refused with 413 when even that is over limits.max_image_pixels."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import tempfile
+import threading
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -17,13 +24,54 @@ from starlette.responses import JSONResponse, Response
 from apps.server import openai_api as api
 from apps.server.outcome import Outcome, log_refused
 from apps.server.request import client_of, deadline_of, priority_of, route_model
-from apps.server.security import ApiKey, read_body
+from apps.server.security import ApiKey, BodyTooLarge, read_body
 from runtime.batcher import DynamicBatcher
 from runtime.classifier import DEFAULT_TOP_K
-from runtime.errors import BadInput, EdgerunError
+from runtime.errors import BadInput, EdgerunError, QueueFull
 
 WAV_TYPES = ("audio/wav", "audio/x-wav", "audio/wave", "audio/vnd.wave")
 MAX_TOP = 1000
+DECODE_WAIT_S = 2.0  # how long a request waits for a decode slot before its 429
+DECODE_RETRY_S = 1.0  # Retry-After when every decode slot is busy: one decode within the pixel bound takes less
+
+
+class DecodeSlots:
+    """At most ``n`` bodies decoded at once in one server. A request waits up to ``wait_s`` for one (in a worker
+    thread: a decode within the pixel bound takes milliseconds, so a burst of clients sent together is decoded in
+    turn and still batched together); one that finds none free by then is refused (429)."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self._free = threading.BoundedSemaphore(n)
+
+    @contextlib.contextmanager
+    def hold(self, wait_s: float = 0.0) -> Any:
+        if not self._free.acquire(timeout=wait_s) if wait_s > 0 else not self._free.acquire(blocking=False):
+            raise QueueFull(f"all {self.n} decode slots are busy (limits.decode_slots); retry after {DECODE_RETRY_S:g} s",
+                            DECODE_RETRY_S)
+        try:
+            yield
+        finally:
+            self._free.release()
+
+
+_slots: weakref.WeakKeyDictionary[Any, DecodeSlots] = weakref.WeakKeyDictionary()
+_slots_lock = threading.Lock()
+
+
+def _decode_in_slot(slots: DecodeSlots, body: bytes, kind: str, model: Any, max_pixels: int) -> Any:
+    """:func:`decode` once one of ``slots`` is free (a worker thread waits up to DECODE_WAIT_S for it)."""
+    with slots.hold(DECODE_WAIT_S):
+        return decode(body, kind, model, max_pixels)
+
+
+def decode_slots(state: Any) -> DecodeSlots:
+    """The decode slots of the server ``state`` (made on first use, sized by its limits.decode_slots)."""
+    with _slots_lock:
+        found = _slots.get(state)
+        if found is None:
+            found = _slots[state] = DecodeSlots(state.config.limits.decode_slots)
+        return found
 
 
 def body_kind(content_type: str) -> str:
@@ -39,14 +87,16 @@ def body_kind(content_type: str) -> str:
 def _top(text: str | None) -> int:
     if text is None:
         return DEFAULT_TOP_K
-    if not text.isdigit() or not 1 <= int(text[:6]) <= MAX_TOP:
+    # ASCII digits only: "²".isdigit() is true but int("²") fails, and int() would take "١٢" or " 12".
+    if not (text.isascii() and text.isdigit()) or not 1 <= int(text[:6]) <= MAX_TOP:
         raise BadInput(f"top {text[:20]!r} is not valid: use an integer from 1 to {MAX_TOP}")
     return int(text)
 
 
-def decode(body: bytes, kind: str, model: Any) -> Any:
-    """The body as the model's input: RGB pixels or audio at the model's rate, through the same decoders and
-    checks as files on the command line (they read files, so the body is written to a private temporary one)."""
+def decode(body: bytes, kind: str, model: Any, max_pixels: int) -> Any:
+    """The body as the model's input: RGB pixels (no more than the model needs; ImageTooLarge past ``max_pixels``)
+    or audio at the model's rate, through the same decoders and checks as files on the command line (they read
+    files, so the body is written to a private temporary one)."""
     if not body:
         raise BadInput("the request body is empty: send the image or WAV file itself as the body")
     with tempfile.TemporaryDirectory(prefix="edgerun-classify-") as folder:
@@ -57,11 +107,16 @@ def decode(body: bytes, kind: str, model: Any) -> Any:
                 from runtime.audio import load_audio
 
                 return load_audio(path, model.spec.sample_rate)
-            from runtime.preprocess import load_rgb
+            from runtime.preprocess import load_rgb, needed_side
 
-            return load_rgb(path)
+            return load_rgb(path, need=needed_side(model.spec), max_pixels=max_pixels)
         except BadInput as exc:
-            raise BadInput(str(exc).replace(str(path), "the request body")) from None
+            from runtime.preprocess import ImageTooLarge
+
+            message = str(exc).replace(str(path), "the request body")
+            if isinstance(exc, ImageTooLarge):
+                raise BodyTooLarge(f"{message} (limits.max_image_pixels)") from None
+            raise BadInput(message) from None
 
 
 def make_batcher(name: str, model: Any, kind: str, limits: Any) -> DynamicBatcher:
@@ -103,8 +158,9 @@ async def classify(request: Request, state: Any, key: ApiKey | None) -> Response
                            f"it cannot classify {what}")
         with contextlib.ExitStack() as lease:  # a load on demand runs off the event loop
             model = await run_in_threadpool(lease.enter_context, state.models.acquire(served))
-            item = await run_in_threadpool(decode, body, kind, model)
             batcher = state.batcher(served, model, lambda: make_batcher(served, model, kind, limits))
+            batcher.check_room(priority)  # a full queue refuses before the decode is paid for
+            item = await run_in_threadpool(_decode_in_slot, decode_slots(state), body, kind, model, limits.max_image_pixels)
             future = batcher.submit((item, top), priority=priority, deadline=deadline)
             result = await asyncio.wrap_future(future)
     except EdgerunError as exc:

@@ -15,6 +15,8 @@
     max_tokens = 4096             # the most a request may ask for
     result_cache = "16M"          # bytes of deterministic answers kept; "0" turns the cache off
     result_cache_ttl_s = 600
+    decode_slots = 2              # classify bodies decoded at once; beyond it 429 (each slot is in the memory plan)
+    max_image_pixels = 4194304    # the most pixels one image decodes to (a JPEG after its 1/2..1/8 scaling); more: 413
 
     [[models]]                    # the first is the default model
     name = "chat"                 # the public name clients send as "model"
@@ -80,6 +82,8 @@ class Limits:
     result_cache_ttl_s: float = 600.0
     classify_batch: int = 8
     classify_wait_ms: float = 5.0
+    decode_slots: int = 2  # the server's classify decodes at once: each holds up to preprocess.decode_bytes(max_image_pixels)
+    max_image_pixels: int = 4 << 20  # 2048x2048: a 12 Mpx photo's JPEG decodes at 1/2 or less, a PNG screenshot whole
 
 
 @dataclass(frozen=True)
@@ -172,6 +176,8 @@ def parse_config(data: dict[str, Any], base: Path = Path(".")) -> ServeConfig:
         result_cache_ttl_s=_number("limits.result_cache_ttl_s", lim.get("result_cache_ttl_s", 600), 0, 10**9),
         classify_batch=_int("limits.classify_batch", lim.get("classify_batch", Limits.classify_batch), 1, 4096),
         classify_wait_ms=_number("limits.classify_wait_ms", lim.get("classify_wait_ms", 5), 0, 10_000),
+        decode_slots=_int("limits.decode_slots", lim.get("decode_slots", Limits.decode_slots), 1, 256),
+        max_image_pixels=_int("limits.max_image_pixels", lim.get("max_image_pixels", Limits.max_image_pixels), 1, 1 << 28),
     )
     routes = _typed("canary", top.get("canary", []), list, "an array of [[canary]] tables")
     for i, r in enumerate(routes):

@@ -1,5 +1,6 @@
 """POST /v1/chat/completions and /v1/completions: a checked request onto the model's service, events back as JSON
-or SSE. A client that goes away cancels its generation; the model's lease is held until the answer ends."""
+or SSE. A client that goes away cancels its generation, and so does a streaming client that stops reading (see
+apps/server/sse.py); the model's lease is held until the answer ends."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from apps.server.outcome import Outcome, log_refused
 from apps.server.request import client_of, deadline_of, disconnected, priority_of, route_model
 from apps.server.security import ApiKey, read_body
 from apps.server.sse import DONE, EventStream, event
-from runtime.errors import BackendError, Cancelled, EdgerunError, one_line
+from runtime.errors import BackendError, Cancelled, DeadlineExceeded, EdgerunError, one_line
 
 log = logging.getLogger(__name__)
 STOP_WAIT_S = 60.0  # a cancelled generation stops within one decode step; this is the bound of waiting for that
@@ -63,7 +64,7 @@ async def generate(request: Request, state: Any, key: ApiKey | None, chat: bool)
     router = state.canaries.get(args.model)
     while True:
         try:
-            return await _attempt(request, state, chat, args, outcome, priority, deadline)
+            return await _attempt(request, state, chat, args, outcome, priority, deadline, key)
         except _VersionFault as fault:
             if router is None or outcome.served != router.canary or router.serving == router.canary:
                 outcome.finish(error=fault.error, version_fault=True)
@@ -76,7 +77,7 @@ async def generate(request: Request, state: Any, key: ApiKey | None, chat: bool)
 
 
 async def _attempt(request: Request, state: Any, chat: bool, args: api.GenArgs, outcome: Outcome, priority: Any,
-                   deadline: float) -> Response:
+                   deadline: float, key: ApiKey | None) -> Response:
     served, rid = outcome.served, outcome.rid
     lease = contextlib.ExitStack()
     try:
@@ -87,7 +88,7 @@ async def _attempt(request: Request, state: Any, chat: bool, args: api.GenArgs, 
         outcome.version = f"{served}@{_model_version(model)}"
         svc = state.service(served, model)
         params = svc.params(**args.sampling)
-        cache_key = _cache_key(state, request, outcome, chat, args, params, _model_version(model))
+        cache_key = _cache_key(state, request, outcome, chat, args, params, _model_version(model), key)
         if state.stopping.is_set():
             raise api.ShuttingDown("the server is shutting down; try again")
         hit = state.cache.get(cache_key) if cache_key is not None else None
@@ -96,9 +97,7 @@ async def _attempt(request: Request, state: Any, chat: bool, args: api.GenArgs, 
             lease.close()
             return _replay(api.Reply(chat, rid, args.model, outcome.version), args, hit, outcome,
                            {"X-Edgerun-Priority": priority.name.lower()})
-        handle, truncations = await run_in_threadpool(
-            svc.submit, messages=args.messages, prompt=args.prompt, params=params, priority=priority, deadline=deadline,
-            truncate=args.truncate)
+        handle, truncations = await _submit(request, svc, args, params, priority, deadline)
     except BaseException as exc:
         lease.close()
         outcome.finish(error=exc)
@@ -117,8 +116,34 @@ async def _attempt(request: Request, state: Any, chat: bool, args: api.GenArgs, 
     headers = {"X-Edgerun-Priority": priority.name.lower(), **api.truncated_header(list(truncations))}
     reply = api.Reply(chat, rid, args.model, outcome.version)
     if args.stream:
-        return EventStream(run.stream(reply, args, first), headers)
+        return EventStream(run.stream(reply, args, first), headers, on_stall=lambda stalled: run.close(error=stalled))
     return await run.whole(reply, first, headers)
+
+
+async def _submit(request: Request, svc: Any, args: api.GenArgs, params: Any, priority: Any,
+                  deadline: float) -> tuple[Any, list[Any]]:
+    """``svc.submit`` in a worker thread; fitting a conversation to the context stops between its renderings once
+    the client has gone (Cancelled) or the deadline has passed (DeadlineExceeded). A handle submitted before the
+    client's going was noticed is returned: its first event sees the disconnect and cancels it."""
+    gone = threading.Event()
+
+    def interrupt() -> None:
+        if gone.is_set():
+            raise Cancelled("the client disconnected")
+        if time.monotonic() > deadline:
+            raise DeadlineExceeded("the request's deadline passed while its conversation was fitted to the context")
+
+    work = asyncio.ensure_future(run_in_threadpool(
+        svc.submit, messages=args.messages, prompt=args.prompt, params=params, priority=priority, deadline=deadline,
+        truncate=args.truncate, interrupt=interrupt))
+    watch = asyncio.ensure_future(disconnected(request))
+    try:
+        await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watch.cancel()
+        if not work.done():  # the client went (or this task was cancelled): the fitting stops at its next rendering
+            gone.set()
+    return await work
 
 
 def _is_fault(exc: BaseException) -> bool:
@@ -127,7 +152,8 @@ def _is_fault(exc: BaseException) -> bool:
 
 
 def _cache_key(state: Any, request: Request, outcome: Outcome, chat: bool, args: api.GenArgs, params: Any,
-               version: str) -> str | None:
+               version: str, key: ApiKey | None) -> str | None:
+    """The result cache's key for this request, scoped to its API key (its digest), or None when not cached."""
     cache = state.cache
     if cache is None:
         return None
@@ -139,7 +165,8 @@ def _cache_key(state: Any, request: Request, outcome: Outcome, chat: bool, args:
         outcome.cache = "skip"
         return None
     outcome.cache = "miss"
-    return cache.key(f"{outcome.served}@{version}", settings, {"chat": chat, **args.cache_payload()})
+    scope = key.digest.hex() if key is not None else ""
+    return cache.key(f"{outcome.served}@{version}", settings, {"chat": chat, **args.cache_payload()}, scope=scope)
 
 
 def _replay(reply: api.Reply, args: api.GenArgs, hit: tuple[str, Any], outcome: Outcome,

@@ -6,6 +6,7 @@ it knows nothing of HTTP.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from runtime.errors import BadInput
@@ -28,15 +29,17 @@ class EngineService:
         return self.engine.params(**overrides)
 
     def submit(self, *, messages: list[dict[str, str]] | None, prompt: str | None, params: SamplingParams,
-               priority: Any, deadline: float | None, truncate: bool) -> tuple[Any, list[Truncation]]:
+               priority: Any, deadline: float | None, truncate: bool, interrupt: Callable[[], None] | None = None
+               ) -> tuple[Any, list[Truncation]]:
         """(a handle whose ``aevents()`` yields the answer, the truncations made to fit the prompt: turns dropped
         and the engine's cut).
         QueueFull when the priority class's queue is full; BadInput for a prompt that does not fit (unless
-        ``truncate``)."""
+        ``truncate``). ``interrupt``: called between the renderings that fit a conversation; it raises to stop."""
         from runtime.engine import GenRequest
 
         if messages is not None:
-            req = self.engine.chat_request(messages, params, priority=priority, deadline=deadline, truncate=truncate)
+            req = self.engine.chat_request(messages, params, interrupt=interrupt, priority=priority, deadline=deadline,
+                                           truncate=truncate)
             dropped = sum(t.tokens_dropped for t in req.truncations)
             if dropped and not truncate:  # turns were dropped to fit: only when asked
                 room = answer_room(params.max_tokens, self.engine.slot_ctx)

@@ -34,7 +34,9 @@ def kind_of(entry: ModelEntry) -> str:
     return resolve(entry.ref).manifest.kind.value
 
 
-def spec_of(entry: ModelEntry, kind: str, slots: int, max_queued: int, speculate: bool = True) -> ModelSpec:
+def spec_of(entry: ModelEntry, kind: str, slots: int, max_queued: int, speculate: bool = True,
+            decode_bytes: int = 0) -> ModelSpec:
+    """``decode_bytes``: what the server's classify decode slots hold at most, planned with its vision models."""
     bad = sorted(set(entry.options) - set(OPTIONS[kind]))
     if bad:
         raise BadInput(f"model {entry.name!r} ({kind}): option {bad[0]!r} does not apply (valid: {', '.join(OPTIONS[kind])})")
@@ -43,6 +45,8 @@ def spec_of(entry: ModelEntry, kind: str, slots: int, max_queued: int, speculate
         options.setdefault("slots", slots)
         options["max_queued"] = max_queued
         options["speculate"] = speculate
+    if kind == "vision" and decode_bytes:
+        options["decode_bytes"] = decode_bytes
     keep = None if entry.keep_alive < 0 else entry.keep_alive
     return ModelSpec(entry.name, entry.ref, kind, pinned=entry.pinned, keep_alive_s=keep, options=options)
 
@@ -57,8 +61,11 @@ class Models:
         self.unavailable: dict[str, str] = {}  # name -> why it could not be planned (a rolled-back canary)
 
     def add(self, entry: ModelEntry) -> None:
-        kind = kind_of(entry)
-        self.manager.add(spec_of(entry, kind, self.config.slots, self.config.limits.max_queued, self.config.speculate))
+        from runtime.preprocess import decode_bytes
+
+        kind, limits = kind_of(entry), self.config.limits
+        decode = limits.decode_slots * decode_bytes(limits.max_image_pixels)
+        self.manager.add(spec_of(entry, kind, self.config.slots, limits.max_queued, self.config.speculate, decode))
         self.kinds[entry.name] = kind
 
     def load_pinned(self) -> None:

@@ -18,7 +18,7 @@ from typing import Any
 from starlette.responses import JSONResponse
 
 from apps.server.security import BodyTooLarge, Forbidden, Unauthorized
-from runtime.chat import ROLES
+from runtime.chat import MAX_CHAT_CHARS, MAX_MESSAGES, ROLES
 from runtime.errors import BadInput, Cancelled, DeadlineExceeded, DoesNotFit, EdgerunError, QueueFull, one_line
 from runtime.generation import Result, Truncation
 from runtime.safety import Blocked
@@ -86,7 +86,38 @@ def parse_json(body: bytes) -> dict[str, Any]:
         raise BadInput(f"the request body is not valid JSON ({one_line(exc, 200)})") from None
     if not isinstance(data, dict):
         raise BadInput(f"the request body must be a JSON object, got {type(data).__name__}")
+    _check_text(data)
     return data
+
+
+def _check_text(data: Any) -> None:
+    """BadInput naming the first string or key that holds a lone surrogate (``"\\ud800"``: half of a \\u escape
+    pair, valid JSON but not text, which the tokenizer cannot encode). One C-speed encode finds out; the walk that
+    names the field runs only when there is one."""
+    try:
+        json.dumps(data, ensure_ascii=False).encode("utf-8")
+        return
+    except UnicodeEncodeError:
+        pass
+    stack: list[tuple[Any, str]] = [(data, "")]
+    while stack:
+        value, path = stack.pop()
+        items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+        for key, item in items:
+            where = f"{path}.{key}" if isinstance(key, str) else f"{path}[{key}]"
+            for text in ((key, item) if isinstance(key, str) else (item,)):
+                if isinstance(text, str) and not _encodes(text):
+                    raise BadInput(f"{where.lstrip('.')[:80]!a} holds a lone surrogate (half of a \\u escape pair), "
+                                   "which is not text: send the character as UTF-8 or as a whole surrogate pair")
+            stack.append((item, where))
+
+
+def _encodes(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _flag(data: dict[str, Any], key: str) -> bool:
@@ -132,7 +163,7 @@ def _common(data: dict[str, Any], max_tokens_cap: int) -> GenArgs:
 
 
 def check_deadline_ms(value: Any, where: str) -> int:
-    if isinstance(value, str) and value.strip().isdigit() and len(value.strip()) <= 12:
+    if isinstance(value, str) and value.strip().isascii() and value.strip().isdigit() and len(value.strip()) <= 12:
         value = int(value)
     if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= 86_400_000:
         raise BadInput(f"{where} must be an integer number of milliseconds from 1 to 86400000, got {value!r}"[:200])
@@ -152,11 +183,19 @@ def _content(i: int, content: Any) -> str:
     raise BadInput(f"messages[{i}].content must be text or a list of text parts, got {type(content).__name__}")
 
 
+def _messages_error(text: str) -> BadInput:
+    exc = BadInput(text)
+    exc.param = "messages"  # type: ignore[attr-defined]  # OpenAI's error names the field
+    return exc
+
+
 def parse_chat(data: dict[str, Any], max_tokens_cap: int) -> GenArgs:
     args = _common(data, max_tokens_cap)
     messages = data.get("messages")
     if not isinstance(messages, list) or not messages:
         raise BadInput("messages must be a non-empty list of {\"role\", \"content\"} objects")
+    if len(messages) > MAX_MESSAGES:  # before any work per message: fitting a chat renders and tokenizes each one
+        raise _messages_error(f"messages: {len(messages)} messages; at most {MAX_MESSAGES} are accepted")
     out = []
     for i, msg in enumerate(messages):
         if not isinstance(msg, dict):
@@ -167,6 +206,9 @@ def parse_chat(data: dict[str, Any], max_tokens_cap: int) -> GenArgs:
         out.append({"role": role, "content": _content(i, msg.get("content"))})
     if out[-1]["role"] != "user":
         raise BadInput("the last message must come from the user")
+    chars = sum(len(m["content"]) for m in out)
+    if chars > MAX_CHAT_CHARS:
+        raise _messages_error(f"messages: {chars} characters of content; at most {MAX_CHAT_CHARS} are accepted")
     args.messages = out
     return args
 

@@ -181,8 +181,10 @@ async def read_body(request: Request, cap: int) -> bytes:
     """The request body, refused (BodyTooLarge) as soon as it is over ``cap`` bytes: a declared Content-Length
     over the cap before anything is read, a chunked body once the chunks received pass it."""
     declared = request.headers.get("content-length")
-    if declared is not None and (not declared.isdigit() or int(declared) > cap):
-        raise BodyTooLarge(f"the request body ({declared} bytes) is over the limit of {cap} bytes")
+    if declared is not None and not (declared.isascii() and declared.isdigit()):  # "²".isdigit(), but int("²") fails
+        raise BadInput(f"Content-Length {declared[:40]!r} is not valid: use the body's size as ASCII digits")
+    if declared is not None and (len(declared) > 18 or int(declared) > cap):  # 18 digits: past any cap, int() cheap
+        raise BodyTooLarge(f"the request body ({declared[:40]} bytes) is over the limit of {cap} bytes")
     chunks, total = [], 0
     async for chunk in request.stream():
         total += len(chunk)

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import logging
 import threading
+import weakref
+from dataclasses import dataclass, field
 from typing import Any
 
 from apps.server.canary import CanaryRouter
@@ -21,6 +23,24 @@ from runtime.result_cache import ResultCache
 from runtime.safety import Blocklist, FilterChain, RegexFilter, SizeLimit
 
 log = logging.getLogger(__name__)
+COUNTERS = ("prefix_hits", "prefix_misses", "spec_drafted", "spec_accepted")  # an engine's cumulative counts
+
+
+@dataclass(eq=False)
+class _Served:
+    """A loaded LLM the server has answered with, held weakly: the residency manager owns it, and once it is
+    unloaded nothing here keeps it (its weights' host copies, its prefix cache) alive. ``counts``: its counters
+    as last read, kept under its name when it is gone so that /metrics' counters never go back."""
+
+    ref: weakref.ref
+    name: str
+    counts: dict[str, int] = field(default_factory=dict)
+
+
+def _counters(stats: dict[str, Any]) -> dict[str, int]:
+    cache = stats.get("prefix_cache", {})
+    return {"prefix_hits": int(cache.get("hits", 0)), "prefix_misses": int(cache.get("misses", 0)),
+            "spec_drafted": int(stats.get("spec_drafted", 0)), "spec_accepted": int(stats.get("spec_accepted", 0))}
 
 
 class ServerState:
@@ -48,7 +68,8 @@ class ServerState:
         self.ready = threading.Event()
         self._prepared = False
         self.failed: str | None = None  # why start-up failed (readyz says it)
-        self._services: dict[int, tuple[Any, Any, str]] = {}  # id(loaded model) -> (model, its service, its name)
+        self._engines: dict[int, _Served] = {}  # id(loaded LLM) -> the LLM, weakly, and its served name
+        self._gone: dict[str, dict[str, int]] = {}  # served name -> the counters of its engines already freed
         self._batchers: dict[str, tuple[Any, Any]] = {}  # name -> (loaded classifier, its DynamicBatcher)
         self._lock = threading.Lock()
         self.stopping = threading.Event()  # shutting down: the answers still running are being stopped
@@ -83,12 +104,14 @@ class ServerState:
         self.ready.set()
 
     def service(self, name: str, model: Any) -> Any:
-        """The request surface of the loaded LLM ``model`` served as ``name`` (one per loaded object)."""
+        """The request surface of the loaded LLM ``model`` served as ``name``. ``model`` is noted weakly for
+        /metrics: the caller's lease keeps it alive, the residency manager frees it."""
         with self._lock:
-            known = self._services.get(id(model))
-            if known is None or known[0] is not model:
-                known = self._services[id(model)] = (model, EngineService(model), name)
-            return known[1]
+            self._prune()
+            known = self._engines.get(id(model))
+            if known is None or known.ref() is not model:
+                self._engines[id(model)] = _Served(weakref.ref(model), name)
+        return EngineService(model)
 
     def batcher(self, name: str, model: Any, make: Any) -> Any:
         """The classify batcher of the loaded classifier ``model`` (``make()`` on first use; a reloaded model
@@ -101,37 +124,59 @@ class ServerState:
                 known = self._batchers[name] = (model, make())
             return known[1]
 
+    def _prune(self) -> None:
+        """Forget the engines that have been freed, keeping their last counters under their name (lock held)."""
+        for key in [key for key, served in self._engines.items() if served.ref() is None]:
+            served = self._engines.pop(key)
+            gone = self._gone.setdefault(served.name, dict.fromkeys(COUNTERS, 0))
+            for counter, n in served.counts.items():
+                gone[counter] += n
+
     def _llm_stats(self) -> dict[str, dict[str, Any]]:
+        """Per served name: ``queued`` (per priority) and ``slots_busy`` over its engines alive now (an old version
+        still answering included), and the COUNTERS over every engine it has had."""
         with self._lock:
-            services = [(name, svc) for _, svc, name in self._services.values()]
-        return {name: svc.stats() for name, svc in services}
+            self._prune()
+            live = [(served, model) for served in self._engines.values() if (model := served.ref()) is not None]
+        readings = [(served, model.stats()) for served, model in live]  # outside the lock: an engine takes its own
+        del live
+        out: dict[str, dict[str, Any]] = {}
+        for served, stats in readings:
+            row = out.setdefault(served.name, {"queued": {}, "slots_busy": 0})
+            queued = stats.get("queued", {})
+            for priority, n in (queued if isinstance(queued, dict) else {"interactive": queued}).items():
+                row["queued"][priority] = row["queued"].get(priority, 0) + int(n)
+            row["slots_busy"] += int(stats.get("slots_busy", 0))
+        with self._lock:
+            for served, stats in readings:
+                served.counts = _counters(stats)
+            totals = {name: dict(counts) for name, counts in self._gone.items()}
+            for served in self._engines.values():
+                total = totals.setdefault(served.name, dict.fromkeys(COUNTERS, 0))
+                for counter, n in served.counts.items():
+                    total[counter] += n
+        for name, counts in totals.items():
+            out.setdefault(name, {"queued": {}, "slots_busy": 0}).update(counts)
+        return out
 
     def _cache_counts(self) -> dict[str, dict[str, int]]:
         out: dict[str, dict[str, int]] = {}
         if self.cache is not None:
             out["result"] = self.cache.stats()
-        prefix = {"hits": 0, "misses": 0}
-        for stats in self._llm_stats().values():
-            cache = stats.get("prefix_cache", {})
-            for kind in prefix:
-                prefix[kind] += int(cache.get(kind, 0))
-        out["prefix"] = prefix
+        stats = self._llm_stats().values()
+        out["prefix"] = {"hits": sum(s["prefix_hits"] for s in stats), "misses": sum(s["prefix_misses"] for s in stats)}
         return out
 
     def _spec_counts(self) -> dict[str, dict[str, int]]:
         """Speculative decoding per served name: draft tokens verified and accepted (the engines' counts)."""
-        return {name: {"drafted": int(stats.get("spec_drafted", 0)), "accepted": int(stats.get("spec_accepted", 0))}
+        return {name: {"drafted": stats["spec_drafted"], "accepted": stats["spec_accepted"]}
                 for name, stats in self._llm_stats().items()}
 
     def _queue_depth(self) -> dict[str, dict[str, int]]:
-        out = {}
-        for name, stats in self._llm_stats().items():
-            queued = stats.get("queued", {})
-            out[name] = queued if isinstance(queued, dict) else {"interactive": queued}
-        return out
+        return {name: stats["queued"] for name, stats in self._llm_stats().items()}
 
     def _slots_busy(self) -> dict[str, int]:
-        return {name: int(stats.get("slots_busy", 0)) for name, stats in self._llm_stats().items()}
+        return {name: stats["slots_busy"] for name, stats in self._llm_stats().items()}
 
     def track(self, handle: Any, running: bool) -> None:
         """Note an answer's engine handle as in flight (``running``) or ended."""

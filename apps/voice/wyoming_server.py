@@ -22,6 +22,12 @@ answered with one ``error`` event naming what is wrong and what is valid, and th
 whose header or body is over :data:`MAX_EVENT_BYTES`, or whose header is not a Wyoming header, is refused before it
 is read: the client gets one ``error`` event and the connection closes (the stream cannot be resynchronised).
 
+Bounds on what clients hold: at most :data:`MAX_CONNECTIONS` connections (one more gets an ``error`` event, code
+``busy``, and is closed); a connection that sends nothing, or stops half way through an event, for
+:data:`IDLE_SECONDS` gets an ``error`` event (code ``timeout``) and is closed. Audio to transcribe is kept at 16 kHz
+as it arrives (apps/voice/wyoming_audio.py); resampling and every model call run in worker threads, one per model,
+so the event loop, and the other clients' requests to other models, never wait for them.
+
 Wyoming has no authentication: bind to the loopback address (the default) unless the network is trusted
 (:func:`check_uri`).
 """
@@ -31,7 +37,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ipaddress
-import json
 import logging
 import threading
 from collections.abc import Callable, Iterator
@@ -53,6 +58,8 @@ from wyoming.wake import Detect, Detection, NotDetected
 from apps.voice.sentences import SentenceCutter
 from apps.voice.types import SAMPLE_RATE
 from apps.voice.wake import WakeStream
+from apps.voice.wyoming_audio import SpeechBuffer, Workers
+from apps.voice.wyoming_reader import CheckedReader
 from runtime.errors import BadInput, EdgerunError, one_line
 from runtime.resample import resample
 from runtime.tts import MAX_CHARS as TTS_MAX_CHARS
@@ -64,6 +71,10 @@ DEFAULT_URI = "tcp://127.0.0.1:10300"
 MAX_EVENT_BYTES = 1 << 20  # an event's header, data or payload (Home Assistant sends 2 KiB audio chunks)
 MAX_TRANSCRIBE_SECONDS = 60.0  # one transcribe request's audio (a voice command is a few seconds)
 MAX_SYNTHESIZE_CHARS = TTS_MAX_CHARS  # one synthesize request's text
+# Connections at once: Home Assistant opens one per request (a satellite streams to wake, then speech-to-text, then
+# text-to-speech), so a house of satellites needs a few; each may hold a request's audio (a few MB at most).
+MAX_CONNECTIONS = 16
+IDLE_SECONDS = 300.0  # a connection that sends nothing (or half an event) this long is closed; satellites reconnect
 CHUNK_SAMPLES = 1024  # audio-chunk size of synthesized speech (as wyoming-piper sends)
 EDGERUN = Attribution(name="edgerun", url="")  # the program (no public URL); models name their own makers
 
@@ -96,20 +107,34 @@ class Served:
 
 
 class WyomingService:
-    """What every connection shares: the residency manager, the served models, their info, one inference lock each.
+    """What every connection shares: the residency manager, the served models, their info, one inference lock and
+    one worker thread each, and the count of open connections.
 
     ``asr``, ``tts``, ``wake``: the served models (None: that service is not offered). Model calls block; the
-    handlers run them in worker threads, one at a time per model (on a small CPU two at once only share the cores)."""
+    handlers run them in the model's worker thread, one at a time per model (on a small CPU two at once only share
+    the cores), and resampling in one more (:class:`apps.voice.wyoming_audio.Workers`). :meth:`close` ends them."""
 
     def __init__(self, models: Any, *, asr: Served | None = None, tts: Served | None = None, wake: Served | None = None,
                  max_transcribe_seconds: float = MAX_TRANSCRIBE_SECONDS, max_synthesize_chars: int = MAX_SYNTHESIZE_CHARS,
-                 max_event_bytes: int = MAX_EVENT_BYTES) -> None:
+                 max_event_bytes: int = MAX_EVENT_BYTES, max_connections: int = MAX_CONNECTIONS,
+                 idle_seconds: float = IDLE_SECONDS) -> None:
         if asr is None and tts is None and wake is None:
             raise BadInput("a Wyoming server needs at least one of speech-to-text, text-to-speech or a wake word")
+        if isinstance(max_connections, bool) or not isinstance(max_connections, int) or max_connections < 1:
+            raise BadInput(f"Wyoming server: max_connections {max_connections!r} is not an integer >= 1")
+        for name, value in (("max_transcribe_seconds", max_transcribe_seconds), ("idle_seconds", idle_seconds)):
+            if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < float("inf"):
+                raise BadInput(f"Wyoming server: {name} {value!r} is not a number of seconds > 0")
         self.models, self.asr, self.tts, self.wake = models, asr, tts, wake
         self.max_transcribe_seconds, self.max_synthesize_chars = max_transcribe_seconds, max_synthesize_chars
-        self.max_event_bytes = max_event_bytes
+        self.max_event_bytes, self.max_connections, self.idle_seconds = max_event_bytes, max_connections, idle_seconds
         self._locks = {s.name: threading.Lock() for s in (asr, tts, wake) if s is not None}
+        self.workers = Workers(("asr", "tts", "wake", "audio"))  # threads start with their first call
+        self.connections = 0  # open connections (counted on the event loop)
+
+    def close(self) -> None:
+        """End the worker threads (after the calls under way); the residency manager is the caller's to close."""
+        self.workers.close()
 
     def preload(self) -> None:
         """Load every served model now (the first request then does not wait for a load)."""
@@ -204,59 +229,14 @@ def _version() -> str | None:
 
 # -- one connection ---------------------------------------------------------------------------------------------
 
-class _CheckedReader:
-    """The connection's StreamReader, with each event's header checked and its sizes bounded before the wyoming
-    package reads them (it would otherwise wait for, and hold, whatever length a header names). A refused event
-    raises ValueError, which the package's reader takes as the end of the stream; ``refused`` says why."""
-
-    def __init__(self, reader: asyncio.StreamReader, max_bytes: int) -> None:
-        self._reader, self._max = reader, max_bytes
-        self.refused: str | None = None
-
-    async def readline(self) -> bytes:
-        try:
-            line = await self._reader.readline()
-        except ValueError:  # asyncio's line limit (64 KiB)
-            return self._refuse("an event header is longer than the 64 KiB line limit")
-        if line:
-            self._check_header(line)
-        return line
-
-    def _check_header(self, line: bytes) -> None:
-        try:
-            header = json.loads(line)
-        except ValueError:
-            self._refuse(f"an event header is not JSON: {line[:60]!r}")
-        if not isinstance(header, dict) or not isinstance(header.get("type"), str):
-            self._refuse(f"an event header has no type: {line[:60]!r}")
-        if "data" in header and not isinstance(header["data"], dict):
-            self._refuse(f"{header['type']} event: its data is not an object")
-        for key in ("data_length", "payload_length"):
-            n = header.get(key)
-            if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 0):
-                self._refuse(f"{header['type']} event: {key} {n!r} is not a byte count")
-            if n is not None and n > self._max:
-                self._refuse(f"{header['type']} event: {key} {n} is over the {self._max} byte limit")
-
-    def _refuse(self, why: str) -> Any:
-        self.refused = why
-        raise ValueError(why)
-
-    async def readexactly(self, n: int) -> bytes:
-        return await self._reader.readexactly(n)
-
-    def feed_eof(self) -> None:
-        self._reader.feed_eof()
-
-
 @dataclass
 class _Stream:
     """One audio stream (audio-start ... audio-stop) and what it is for."""
 
     purpose: str  # "transcribe" | "detect"
     fmt: tuple[int, int, int] | None = None  # rate, width, channels (fixed by audio-start or the first chunk)
-    converter: AudioChunkConverter | None = None
-    pcm: bytearray | None = None  # transcribe: 16-bit mono at the stream's rate
+    converter: AudioChunkConverter | None = None  # detect: to the wake model's format
+    audio: SpeechBuffer | None = None  # transcribe: the audio so far, at 16 kHz (None once refused as too long)
     listener: WakeStream | None = None
     detected: bool = False
     refused: bool = False  # refused once: the rest of the stream is dropped until audio-stop
@@ -269,25 +249,38 @@ class WyomingHandler(AsyncEventHandler):
     def __init__(self, service: WyomingService, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         super().__init__(reader, writer)
         self.service = service
-        self._checked = _CheckedReader(reader, service.max_event_bytes)
+        self._checked = CheckedReader(reader, service.max_event_bytes, service.idle_seconds)
         self.reader = self._checked  # type: ignore[assignment]  # what AsyncEventHandler.run reads events from
         self._request: _Stream | None = None
         self._synth: _AudioOut | None = None  # a streamed synthesis (synthesize-start ... synthesize-stop)
         self._compat_synthesize = False
 
     async def run(self) -> None:
+        s = self.service
+        if s.connections >= s.max_connections:  # refused before anything is read: it holds nothing
+            log.warning("wyoming: refused a connection: %d open, the limit", s.connections)
+            with contextlib.suppress(ConnectionError, RuntimeError):
+                await self.write_event(Error(text=f"the server has {s.connections} connections open, its limit "
+                                                  f"(--max-connections {s.max_connections}); try again when one closes",
+                                             code="busy").event())
+            self.writer.close()
+            return
+        s.connections += 1
         try:
             await super().run()
         except (asyncio.IncompleteReadError, ConnectionError) as exc:  # the client went away mid-event
             log.info("wyoming: client went away: %s", one_line(exc))
         except Exception as exc:  # an event body the package cannot parse: the connection is closed
             log.warning("wyoming: closed a connection on a malformed event: %s", one_line(exc))
+        finally:
+            s.connections -= 1
+            self._request = None  # the audio a request held goes now, not when the handler is collected
 
     async def disconnect(self) -> None:
         if self._checked.refused:
             log.warning("wyoming: closing a connection: %s", self._checked.refused)
             try:
-                await self.write_event(Error(text=self._checked.refused, code="bad-event").event())
+                await self.write_event(Error(text=self._checked.refused, code=self._checked.code).event())
             except (ConnectionError, RuntimeError):
                 pass
 
@@ -385,10 +378,9 @@ class WyomingHandler(AsyncEventHandler):
                                    "2 bytes, mono)")
         stream.fmt = (rate, width, channels)
         if stream.purpose == "transcribe":
-            stream.converter = AudioChunkConverter(width=2, channels=1)
-            stream.pcm = bytearray()
+            stream.audio = SpeechBuffer(rate, width, channels)
         else:
-            stream.listener = await asyncio.to_thread(self.service.wake_stream)
+            stream.listener = await self.service.workers.submit("wake", self.service.wake_stream)
             stream.converter = AudioChunkConverter(rate=stream.listener.rate, width=2, channels=1)
 
     async def _chunk(self, chunk: AudioChunk) -> None:
@@ -404,21 +396,28 @@ class WyomingHandler(AsyncEventHandler):
         frame = chunk.width * chunk.channels
         if len(chunk.audio) % frame:
             raise RequestError(f"an audio chunk of {len(chunk.audio)} bytes is not whole frames of {frame} bytes")
-        assert stream.converter is not None
-        pcm = stream.converter.convert(chunk).audio
-        if stream.pcm is not None:
-            if (len(stream.pcm) + len(pcm)) / 2 / chunk.rate > self.service.max_transcribe_seconds:
-                stream.pcm = None
-                raise RequestError(f"the audio to transcribe is longer than {self.service.max_transcribe_seconds:g} s "
-                                   "(one voice command per transcribe request)", "too-long")
-            stream.pcm += pcm
+        audio, limit = stream.audio, self.service.max_transcribe_seconds
+        if audio is not None:
+            if audio.seconds + len(chunk.audio) / frame / chunk.rate > limit:
+                stream.audio = None  # not kept: the rest of the stream is dropped
+                raise RequestError(f"the audio to transcribe is longer than {limit:g} s, the limit "
+                                   "(--max-audio-seconds; one voice command per transcribe request)", "too-long")
+            if audio.resamples:
+                await self.service.workers.submit("audio", audio.add, chunk.audio)
+            else:  # a copy (and Home Assistant's 16 kHz needs none): not worth a thread hop
+                audio.add(chunk.audio)
         elif stream.listener is not None and not stream.detected:
-            await self._detect(stream, pcm, final=False)
+            await self._detect(stream, chunk, final=False)
 
-    async def _detect(self, stream: _Stream, pcm: bytes, final: bool) -> None:
-        assert stream.listener is not None and self.service.wake is not None
-        x = np.frombuffer(pcm, "<i2").astype(np.float32) / 32768.0
-        hits = await asyncio.to_thread(self.service.detect, stream.listener, x, final)
+    async def _detect(self, stream: _Stream, chunk: AudioChunk | None, final: bool) -> None:
+        assert stream.listener is not None and stream.converter is not None and self.service.wake is not None
+        listener, converter = stream.listener, stream.converter
+
+        def work() -> list[float]:  # the conversion too: another rate is resampled
+            pcm = converter.convert(chunk).audio if chunk is not None else b""
+            return self.service.detect(listener, np.frombuffer(pcm, "<i2").astype(np.float32) / 32768.0, final)
+
+        hits = await self.service.workers.submit("wake", work)
         if hits:
             stream.detected = True
             log.info("wyoming: wake word %s at %.2f s", self.service.wake.shown, hits[0])
@@ -427,16 +426,17 @@ class WyomingHandler(AsyncEventHandler):
     async def _finish(self, stream: _Stream) -> None:
         if stream.purpose == "detect":
             if stream.listener is not None and not stream.detected:
-                await self._detect(stream, b"", final=True)
+                await self._detect(stream, None, final=True)
             if not stream.detected:
                 await self.write_event(NotDetected().event())
             return
-        pcm = bytes(stream.pcm or b"")
-        rate = stream.fmt[0] if stream.fmt else SAMPLE_RATE
-        x = np.frombuffer(pcm, "<i2").astype(np.float32) / 32768.0
-        if rate != SAMPLE_RATE and len(x):
-            x = np.clip(resample(x, rate, SAMPLE_RATE), -1.0, 1.0).astype(np.float32)
-        text = await asyncio.to_thread(self.service.transcribe, x) if len(x) else ""
+        audio, workers = stream.audio, self.service.workers
+        if audio is None:
+            x = np.zeros(0, np.float32)
+        else:  # the resampler's tail is FFT work; without one, a copy
+            x = await workers.submit("audio", audio.samples) if audio.resamples else audio.samples()
+        stream.audio = None
+        text = await workers.submit("asr", self.service.transcribe, x) if len(x) else ""
         log.info("wyoming: transcript of %.2f s: %r", len(x) / SAMPLE_RATE, text)
         await self.write_event(Transcript(text=text, language=stream.language).event())
 
@@ -522,7 +522,7 @@ class WyomingHandler(AsyncEventHandler):
             except BaseException as exc:  # handed to the loop, which reports it
                 loop.call_soon_threadsafe(queue.put_nowait, exc)
 
-        worker = loop.run_in_executor(None, work)
+        worker = self.service.workers.submit("tts", work)
         try:
             while (item := await queue.get()) is not done:
                 if isinstance(item, BaseException):

@@ -86,7 +86,7 @@ def _label_of(path: Path, root: Path, names: list[str]) -> int:
     if path.parent == root:
         return -1
     folder = path.parent.name
-    if folder.isdigit():
+    if folder.isascii() and folder.isdigit():  # "²".isdigit(), but int("²") fails
         return int(folder)
     lowered = [n.lower() for n in names]
     return lowered.index(folder.lower()) if folder.lower() in lowered else -1

@@ -20,19 +20,25 @@ Frame types and their payloads:
   acknowledged). The peer adopts ``base - 1`` as applied if it knows less (a PLC that
   lost its memory on reboot), then answers.
 * ``HELLO`` (peer -> sender, SEQ 0, empty payload): "who are you?" from a peer that lost
-  its session (restarted without state) and got a RESULT it cannot place; the sender
-  answers with its own HELLO.
+  its session (restarted without state) and got a RESULT it cannot place, or that just
+  started and wants to send commands; the sender answers with its own HELLO and starts a
+  new command session (the peer's command counter may be back at 1).
 * ``HELLO_ACK`` (peer -> sender, SEQ = the peer's last applied sequence of that stream):
   the 16-byte stream id echoed. The sender drops journal entries up to SEQ.
 * ``RESULT`` (sender -> peer): an application result, opaque bytes (the kiosk decision).
 * ``FAILSAFE`` (sender -> peer): the configured safe value, sent because no decision came
   within the deadline. Sequenced, journaled and acknowledged exactly like ``RESULT``.
 * ``ACK`` (peer -> sender, SEQ = n, empty payload): cumulative, every sequence up to
-  and including n has been applied once. Also the answer to a duplicate.
+  and including n has been applied once. Also the answer to a duplicate. An ACK or NACK
+  above the highest sequence the sender sent is a protocol error: ignored, then a new
+  handshake.
 * ``NACK`` (peer -> sender, SEQ = n): the peer saw a gap; it applied up to n and wants
   n + 1 next. The sender goes back to n + 1 without waiting for its timeout.
 * ``COMMAND`` (peer -> sender): a command for edgerun (for example a trigger), opaque
   bytes, in the peer's own sequence space; answered by ``COMMAND_ACK`` with the same SEQ.
+  Each new command takes a higher SEQ than the last; a resend repeats its SEQ and is
+  acknowledged without running again. A peer whose counter restarts says HELLO first
+  and sends commands only after the sender's HELLO.
 
 Sequences start at 1. A receiver applies SEQ n only when it has applied n - 1
 (go-back-N), so "applied up to n" is one number and duplicates are detected by

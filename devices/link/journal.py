@@ -7,6 +7,17 @@ outbox is empty, and the peer's "applied up to n" stays meaningful. Each journal
 has a random 16-byte stream id, created once, that names its sequence space to
 the peer (a fresh journal is a new stream, not a replay of an old one).
 
+The journal also keeps a *sent mark* (``meta.sent_mark``): no sequence above it
+has ever been sent. The sender raises it, durably, before it sends anything
+above it (to the last sequence assigned, so one commit covers a burst), and a
+handshake raises it too. A peer's HELLO_ACK can therefore exceed the mark only
+when the peer saw this stream get further than this file: the file was restored
+from a backup, and its entries above the mark may carry numbers the peer already
+applied to other results. :meth:`Journal.adopt` then drops what is at or below
+the mark and renumbers the rest after the peer's number instead of deleting it.
+Results the backup still held may so reach the peer a second time, under new
+numbers; none is lost and no number is reused.
+
 Fail-safe sends are recorded in ``failsafe_log`` with the reason and time, and
 outlive their acknowledgement: that record is the audit trail the issue asks for.
 
@@ -86,10 +97,16 @@ class Journal:
                 raise BadInput(f"journal {self.path!r} has schema {rows['schema']}, this edgerun reads {SCHEMA_VERSION}")
             if "stream_id" not in rows:
                 rows["stream_id"] = os.urandom(STREAM_ID_SIZE)
+                rows["next_seq"] = 1
                 self._db.executemany(
                     "INSERT INTO meta(key, value) VALUES (?, ?)",
                     [("schema", str(SCHEMA_VERSION)), ("stream_id", rows["stream_id"]), ("next_seq", 1)],
                 )
+            if "sent_mark" not in rows:
+                # A journal from before the mark may have sent anything it assigned: trust its numbers, as edgerun did.
+                rows["sent_mark"] = int(rows["next_seq"]) - 1
+                self._db.execute("INSERT INTO meta(key, value) VALUES ('sent_mark', ?)", (rows["sent_mark"],))
+            self._sent_mark = int(rows["sent_mark"])
         return bytes(rows["stream_id"])
 
     class _Tx:
@@ -160,6 +177,68 @@ class Journal:
         """Drop every entry with seq <= ``upto``; returns how many were dropped."""
         with self._tx() as db:
             return db.execute("DELETE FROM outbox WHERE seq <= ?", (upto,)).rowcount
+
+    @property
+    def sent_mark(self) -> int:
+        """No sequence above this has ever been sent (see :meth:`sending` and :meth:`adopt`)."""
+        return self._sent_mark
+
+    def sending(self, upto: int) -> None:
+        """Call before sending entries up to ``upto``: durably raises the sent mark over them.
+
+        The mark goes to the last sequence assigned so far (never to one not yet
+        assigned), so one commit covers a whole burst of results, not one per frame."""
+        if upto <= self._sent_mark:
+            return
+        with self._tx() as db:
+            (next_seq,) = db.execute("SELECT value FROM meta WHERE key = 'next_seq'").fetchone()
+            mark = max(int(next_seq) - 1, self._sent_mark)
+            db.execute("UPDATE meta SET value = ? WHERE key = 'sent_mark'", (mark,))
+        self._sent_mark = mark
+
+    def adopt(self, applied: int) -> tuple[int, int]:
+        """Take the peer's "applied up to ``applied``" (its HELLO_ACK); returns (dropped, renumbered).
+
+        Up to the sent mark, this is :meth:`ack`. Above it, the peer has applied
+        numbers this journal may have given to other results: the file was restored
+        from a backup (or the peer is confused). Entries up to the mark are dropped
+        (their numbers, hence their contents, are the ones the peer applied); the
+        entries held above it keep their order and move up so the first is
+        ``applied + 1`` (fail-safe log rows with them), and ``next_seq`` follows, so
+        the peer sees no gap. Either way the mark then rises to the last assigned
+        sequence (every entry held now is numbered past anything the peer has seen,
+        so sending it can never be mistaken for a restore). One transaction, so no result is lost and no number the peer saw is
+        reused, whenever the process dies."""
+        with self._tx() as db:
+            mark, renumbered = self._sent_mark, 0
+            dropped = db.execute("DELETE FROM outbox WHERE seq <= ?", (min(applied, mark),)).rowcount
+            (next_seq,) = db.execute("SELECT value FROM meta WHERE key = 'next_seq'").fetchone()
+            next_seq = int(next_seq)
+            if applied > mark:
+                # The outbox is one contiguous run (acks drop a prefix); HELLO's base keeps the
+                # peer at or above its first entry - 1, so only a conflict needs moving.
+                (first,) = db.execute("SELECT MIN(seq) FROM outbox").fetchone()
+                if first is not None and applied >= first:
+                    shift = applied + 1 - first
+                    if next_seq - 1 + shift > MAX_SEQ:
+                        raise BadInput(f"journal {self.path!r} cannot renumber past the peer's seq {applied}; start a new journal file")
+                    # Two steps: seq + shift could collide with a row not yet moved (seq is the primary key).
+                    for table in ("outbox", "failsafe_log"):
+                        db.execute(f"UPDATE {table} SET seq = -seq WHERE seq >= ?", (first,))
+                        db.execute(f"UPDATE {table} SET seq = ? - seq WHERE seq < 0", (shift,))
+                    (renumbered,) = db.execute("SELECT COUNT(*) FROM outbox").fetchone()
+                    next_seq += shift
+                next_seq = max(next_seq, applied + 1)
+                db.execute("UPDATE meta SET value = ? WHERE key = 'next_seq'", (next_seq,))
+            db.execute("UPDATE meta SET value = ? WHERE key = 'sent_mark'", (next_seq - 1,))
+        self._sent_mark = next_seq - 1
+        if applied > mark:
+            log.warning(
+                "peer has applied up to seq %d, beyond this journal's sent mark %d (restored from a backup?); "
+                "%d held result(s) renumbered from %d",
+                applied, mark, renumbered, applied + 1,
+            )
+        return dropped, renumbered
 
     def backlog(self) -> int:
         with self._lock:

@@ -3,7 +3,10 @@
 edgerun is the Modbus client (master); the PLC is the server (slave) at
 ``device_id``. A decision is written to a holding register (and optionally a
 coil, for PLCs that want a plain accept/reject bit); a trigger is read from a
-discrete input. Transports are the same URLs as the frame link (a tty path with
+discrete input. Decision values are the kiosk's verdict codes (docs/kiosk.md,
+apps/kiosk/plc.py): 1 pass, 2 reject, 3 review; 0 is a PLC's cleared register
+and is never sent. The register gets the code itself, the coil is on for pass
+only (a reject or a part for review must not open the accept gate). Transports are the same URLs as the frame link (a tty path with
 ``?baud=``, ``loop://``, ``socket://``), because pymodbus opens them with
 ``serial.serial_for_url`` too.
 
@@ -33,6 +36,8 @@ FC_WRITE_SINGLE_COIL = 5
 FC_WRITE_SINGLE_REGISTER = 6
 REGISTER_MAX = 0xFFFF
 MAX_WRITE_REGISTERS = 123  # the Modbus limit for one write-multiple-registers request
+DECISION_PASS, DECISION_REJECT, DECISION_REVIEW = 1, 2, 3  # the register values; same codes as apps/kiosk/plc.py
+DECISION_COIL = {DECISION_PASS: True, DECISION_REJECT: False, DECISION_REVIEW: False}  # coil on = accept
 
 
 @dataclass(frozen=True)
@@ -41,7 +46,7 @@ class ModbusMap:
 
     device_id: int = 1
     decision_register: int = 0  # holding register the decision value is written to
-    decision_coil: int | None = None  # coil set True for accept (value != safe value), None: not used
+    decision_coil: int | None = None  # coil set True for pass, False for reject and review (DECISION_COIL); None: not used
     trigger_input: int = 0  # discrete input the PLC raises when a part is ready
     size: int = 16  # registers/bits the simulator serves in each table
 
@@ -54,6 +59,11 @@ class ModbusMap:
                 raise BadInput(f"Modbus {name}={value!r} is outside 0..{self.size - 1}")
         if self.decision_coil is not None and not 0 <= self.decision_coil < self.size:
             raise BadInput(f"Modbus decision_coil={self.decision_coil!r} is outside 0..{self.size - 1}")
+
+
+def _is_register(value: object) -> bool:
+    """An integer a 16-bit register holds as is (no bool, float or out-of-range value coerced into one)."""
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= REGISTER_MAX
 
 
 def _pymodbus():
@@ -90,21 +100,35 @@ class ModbusDecisionLink:
         return self
 
     def write_decision(self, value: int) -> None:
-        """Write ``value`` to the decision register (and the coil); LinkDown when the PLC does not answer."""
-        if not 0 <= value <= REGISTER_MAX:
-            raise BadInput(f"decision value {value!r} does not fit a Modbus register (0..{REGISTER_MAX})")
+        """Write the decision code ``value`` (1 pass, 2 reject, 3 review) to the decision register, and the
+        coil (on for pass only) when the map has one; BadInput for any other value, LinkDown when the PLC
+        does not answer."""
+        # bool is an int: True would otherwise pass as 1, "pass"
+        if not isinstance(value, int) or isinstance(value, bool) or value not in DECISION_COIL:
+            raise BadInput(
+                f"decision value {value!r} is invalid; valid: {DECISION_PASS} pass, {DECISION_REJECT} reject, {DECISION_REVIEW} review"
+            )
         m = self.mapping
         self._call("write_register", m.decision_register, value, device_id=m.device_id)
         if m.decision_coil is not None:
-            self._call("write_coil", m.decision_coil, bool(value), device_id=m.device_id)
+            self._call("write_coil", m.decision_coil, DECISION_COIL[value], device_id=m.device_id)
 
     def write_registers(self, values: list[int]) -> None:
         """Write ``values`` to consecutive holding registers from the decision register in one request
         (function 16), so the PLC sees them together; LinkDown when the PLC does not answer."""
-        if not 1 <= len(values) <= MAX_WRITE_REGISTERS or not all(0 <= v <= REGISTER_MAX for v in values):
+        if not 1 <= len(values) <= MAX_WRITE_REGISTERS or not all(_is_register(v) for v in values):
             raise BadInput(f"a register block is 1..{MAX_WRITE_REGISTERS} values of 0..{REGISTER_MAX}, got {values!r:.80}")
         m = self.mapping
         self._call("write_registers", m.decision_register, list(values), device_id=m.device_id)
+
+    def read_decision(self) -> tuple[int, bool | None]:
+        """Read back (decision register, coil or None without one) from the PLC: what it will act on."""
+        m = self.mapping
+        register = self._call("read_holding_registers", m.decision_register, count=1, device_id=m.device_id).registers[0]
+        coil = None
+        if m.decision_coil is not None:
+            coil = bool(self._call("read_coils", m.decision_coil, count=1, device_id=m.device_id).bits[0])
+        return int(register), coil
 
     def read_trigger(self) -> bool:
         reply = self._call("read_discrete_inputs", self.mapping.trigger_input, count=1, device_id=self.mapping.device_id)

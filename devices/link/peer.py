@@ -12,7 +12,11 @@ acknowledged before the reboot may be applied again (no peer can avoid that
 without durable state).
 
 It can also send COMMAND frames (for example a trigger) and resends each until
-the link acknowledges it.
+the link acknowledges it. A peer that has no session yet (it just started, so
+its command counter may be back at 1) says HELLO until the link's HELLO
+arrives, and sends no command before that: the link starts a new command
+session on that HELLO, so the restarted counter's commands run instead of
+being taken for resends.
 
 Run it as ``edgerun serial-peer URL``; tests and the benchmark use it in-process.
 """
@@ -71,10 +75,16 @@ class PeerStats:
 
 
 class PeerStore:
-    """Applied results and per-stream progress; ``path=None`` keeps them in memory only."""
+    """Applied results and per-stream progress; ``path=None`` keeps them in memory only.
+
+    Thread-safe: the peer's thread commits results while another thread (:meth:`ReferencePeer.send_command`, the
+    CLI's trigger loop) numbers commands on the same connection, and each transaction holds the store's lock (two
+    interleaved BEGINs on one connection fail with "cannot start a transaction within a transaction", which
+    ended the peer's thread)."""
 
     def __init__(self, path: str | None) -> None:
         self.path = path
+        self._lock = threading.Lock()
         try:
             self._db = sqlite3.connect(path or ":memory:", isolation_level=None, check_same_thread=False)
             self._db.executescript(_SCHEMA)
@@ -87,39 +97,48 @@ class PeerStore:
 
     def commit(self, stream: bytes, upto: int, results: list[Applied]) -> None:
         """Record new results and the new "applied up to" in one transaction."""
-        self._db.execute("BEGIN IMMEDIATE")
-        try:
-            self._db.executemany(
-                "INSERT INTO applied(stream, seq, type, payload) VALUES (?, ?, ?, ?)",
-                [(r.stream, r.seq, int(r.type), r.payload) for r in results],
-            )
-            self._db.execute(
-                "INSERT INTO streams(stream, applied) VALUES (?, ?) ON CONFLICT(stream) DO UPDATE SET applied = excluded.applied",
-                (stream, upto),
-            )
-            self._db.execute("COMMIT")
-        except BaseException:
-            self._db.execute("ROLLBACK")
-            raise
-        self._applied[stream] = upto
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                self._db.executemany(
+                    "INSERT INTO applied(stream, seq, type, payload) VALUES (?, ?, ?, ?)",
+                    [(r.stream, r.seq, int(r.type), r.payload) for r in results],
+                )
+                self._db.execute(
+                    "INSERT INTO streams(stream, applied) VALUES (?, ?) ON CONFLICT(stream) DO UPDATE SET applied = excluded.applied",
+                    (stream, upto),
+                )
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._applied[stream] = upto
 
     def next_command_seq(self) -> int:
-        self._db.execute("BEGIN IMMEDIATE")
-        row = self._db.execute("SELECT value FROM meta WHERE key = 'command_seq'").fetchone()
-        seq = (row[0] if row else 0) + 1
-        self._db.execute("INSERT OR REPLACE INTO meta(key, value) VALUES ('command_seq', ?)", (seq,))
-        self._db.execute("COMMIT")
-        return seq
+        """The next command's sequence, counted in the store (a restarted peer never reuses one)."""
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                row = self._db.execute("SELECT value FROM meta WHERE key = 'command_seq'").fetchone()
+                seq = (row[0] if row else 0) + 1
+                self._db.execute("INSERT OR REPLACE INTO meta(key, value) VALUES ('command_seq', ?)", (seq,))
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            return seq
 
     def results(self, stream: bytes | None = None) -> list[Applied]:
         query, args = "SELECT stream, seq, type, payload FROM applied", ()
         if stream is not None:
             query, args = query + " WHERE stream = ?", (stream,)
-        rows = self._db.execute(query + " ORDER BY id", args).fetchall()
+        with self._lock:
+            rows = self._db.execute(query + " ORDER BY id", args).fetchall()
         return [Applied(bytes(s), q, FrameType(t), bytes(p)) for s, q, t, p in rows]
 
     def close(self) -> None:
-        self._db.close()
+        with self._lock:
+            self._db.close()
 
 
 class ReferencePeer:
@@ -217,6 +236,8 @@ class ReferencePeer:
                 if upto != self.store.applied_upto(stream):
                     self._commit(stream, upto, [])
                 self._stream, self._nacked_at = stream, None
+                with self._lock:
+                    self._command_sent_at = 0.0  # in session now: a waiting command goes out at once
                 replies.append(Frame(upto, FrameType.HELLO_ACK, stream))
             elif frame.type in (FrameType.RESULT, FrameType.FAILSAFE):
                 if stream is None:
@@ -252,12 +273,17 @@ class ReferencePeer:
 
     def _send_commands(self) -> None:
         with self._lock:
-            if not self._commands:
+            if not self._commands and self._stream is not None:
                 return
             now = time.monotonic()
             if now - self._command_sent_at < self._command_timeout_s:
                 return
-            seq, payload = self._commands[0]
             self._command_sent_at = now
-        self.transport.write(Frame(seq, FrameType.COMMAND, payload).encode())
-        self.stats.commands_sent += 1
+            if self._stream is None:  # no session yet: announce ourselves, hold the commands
+                frame = Frame(0, FrameType.HELLO)
+            else:
+                seq, payload = self._commands[0]
+                frame = Frame(seq, FrameType.COMMAND, payload)
+        self.transport.write(frame.encode())
+        if frame.type is FrameType.COMMAND:
+            self.stats.commands_sent += 1

@@ -10,6 +10,20 @@ said it applied it, and the peer applies each sequence once, so a dropped
 cable, a killed peer or a killed edgerun loses and duplicates nothing.
 
 Results may be submitted while the link is down: they wait in the journal.
+
+Acknowledgements are checked against what was sent: an ACK or NACK above the
+highest sequence sent in this session is a protocol error, counted in
+``bad_acks``, ignored and answered with a fresh handshake, so it never deletes
+a result the peer cannot have seen. A HELLO_ACK above the journal's sent mark
+(a journal restored from a backup) renumbers the held entries past the peer's
+number (:meth:`Journal.adopt`) instead of dropping them.
+
+Commands from the peer run once per command session: a session starts when the
+port opens and again when the peer says HELLO (it restarted and its command
+counter with it); within a session a COMMAND at or below the last one run is a
+resend, acknowledged and not run again. A command whose COMMAND_ACK was lost
+just before the link dropped can run again after the reconnect: across sessions
+the link cannot tell that resend from a restarted peer's new command.
 """
 
 from __future__ import annotations
@@ -67,6 +81,8 @@ class LinkStats:
     acked: int = 0  # journal entries deleted on acknowledgement
     nacks: int = 0
     commands: int = 0
+    bad_acks: int = 0  # ACK/NACK above the highest seq sent: a confused peer, ignored, then a new handshake
+    renumbered: int = 0  # held entries moved past a HELLO_ACK above the journal's sent mark
     decoder: DecoderStats = field(default_factory=DecoderStats)
 
     def to_dict(self) -> dict[str, object]:
@@ -96,8 +112,8 @@ class ResultLink:
         self._progress = threading.Condition()
         self._thread: threading.Thread | None = None
         self._connected = threading.Event()
-        self._last_command_seq = 0
-        self._peer_asked_hello = False
+        self._last_command_seq = 0  # highest COMMAND seq run in this command session (see the module docstring)
+        self._rehandshake = False
 
     # --- public API ----------------------------------------------------------------
 
@@ -212,15 +228,19 @@ class ResultLink:
     def _session(self) -> None:
         """One connected session: handshake, then stream until stopped or the link drops."""
         decoder = FrameDecoder(stats=self.stats.decoder)
+        self._last_command_seq = 0  # a new port session may face a restarted peer, counting from 1 again
+        self._rehandshake = False
         acked = self._handshake(decoder)
         self._connected.set()
         next_seq = acked + 1
+        sent_hi = acked  # highest seq sent this session: no valid ACK goes above it
         sent_at: dict[int, float] = {}
         while not self._stop.is_set():
-            if self._peer_asked_hello:  # the peer restarted without its state and lost our stream
-                self._peer_asked_hello = False
+            if self._rehandshake:  # the peer lost our stream (it said HELLO) or acknowledged what we never sent
+                self._rehandshake = False
                 acked = self._handshake(decoder)
                 next_seq = acked + 1
+                sent_hi = acked
                 sent_at.clear()
             self._poll_failsafe()
             # fill the window
@@ -235,13 +255,15 @@ class ResultLink:
                         if entry.seq in sent_at:
                             self.stats.resent += 1
                         sent_at[entry.seq] = now
+                    self.journal.sending(entries[-1].seq)  # durable before the bytes leave (see Journal.adopt)
                     self.transport.write(bytes(out))
                     self.stats.frames_sent += len(entries)
                     next_seq = entries[-1].seq + 1
+                    sent_hi = max(sent_hi, entries[-1].seq)
             # read acknowledgements
             now = time.monotonic()
             for frame in decoder.receive(self.transport.read(), now, self.config.quiet_s):
-                acked, next_seq = self._on_frame(frame, acked, next_seq)
+                acked, next_seq = self._on_frame(frame, acked, next_seq, sent_hi)
             for seq in [s for s in sent_at if s <= acked]:
                 del sent_at[seq]
             # retransmit: the oldest in-flight frame waited too long
@@ -265,17 +287,29 @@ class ResultLink:
             self._poll_failsafe()
             for frame in decoder.receive(self.transport.read(), now, self.config.quiet_s):
                 if frame.type is FrameType.HELLO_ACK and frame.payload == stream:
-                    applied = max(frame.seq, base - 1)
-                    self._acknowledge(frame.seq)
+                    dropped, renumbered = self.journal.adopt(frame.seq)
+                    self._dropped(dropped)
+                    self.stats.renumbered += renumbered
                     log.info("peer has applied up to seq %d of this stream", frame.seq)
-                    return applied
+                    return max(frame.seq, base - 1)
                 if frame.type is FrameType.COMMAND:
-                    self._on_frame(frame, 0, 0)
+                    self._on_command_frame(frame)
+                elif frame.type is FrameType.HELLO:  # a peer that just started: its commands count from 1 again
+                    self._last_command_seq = 0
                 # ACKs from a previous session are stale here; HELLO_ACK carries the same news
         raise LinkDown("link stopped")
 
-    def _on_frame(self, frame: Frame, acked: int, next_seq: int) -> tuple[int, int]:
+    def _on_frame(self, frame: Frame, acked: int, next_seq: int, sent_hi: int) -> tuple[int, int]:
         if frame.type in (FrameType.ACK, FrameType.NACK):
+            if frame.seq > sent_hi:
+                # The peer claims results it cannot have had; trusting it would delete unsent ones.
+                self.stats.bad_acks += 1
+                log.warning(
+                    "peer sent %s %d but the highest seq sent is %d; ignoring it and handshaking again",
+                    frame.type.name, frame.seq, sent_hi,
+                )
+                self._rehandshake = True
+                return acked, next_seq
             if frame.seq > acked:
                 self._acknowledge(frame.seq)
                 acked = frame.seq
@@ -286,20 +320,28 @@ class ResultLink:
                     self.stats.rewinds += 1
                     next_seq = acked + 1
         elif frame.type is FrameType.COMMAND:
-            self.transport.write(Frame(frame.seq, FrameType.COMMAND_ACK).encode())
-            if frame.seq > self._last_command_seq:  # a resent command is acknowledged again, run once
-                self._last_command_seq = frame.seq
-                self.stats.commands += 1
-                if self._on_command is not None:
-                    self._on_command(frame.payload)
+            self._on_command_frame(frame)
         elif frame.type is FrameType.HELLO:
-            self._peer_asked_hello = True
+            # The peer restarted: it lost our stream, and its command counter starts again
+            # at 1. Reset now, not at the handshake, so commands right behind the HELLO run.
+            self._last_command_seq = 0
+            self._rehandshake = True
         else:
             log.debug("ignoring %s frame seq %d from the peer", frame.type.name, frame.seq)
         return acked, next_seq
 
+    def _on_command_frame(self, frame: Frame) -> None:
+        self.transport.write(Frame(frame.seq, FrameType.COMMAND_ACK).encode())
+        if frame.seq > self._last_command_seq:  # a resent command is acknowledged again, run once
+            self._last_command_seq = frame.seq
+            self.stats.commands += 1
+            if self._on_command is not None:
+                self._on_command(frame.payload)
+
     def _acknowledge(self, upto: int) -> None:
-        dropped = self.journal.ack(upto)
+        self._dropped(self.journal.ack(upto))
+
+    def _dropped(self, dropped: int) -> None:
         if dropped:
             self.stats.acked += dropped
             with self._progress:

@@ -87,7 +87,7 @@ def _setting(url: str, key: str, value: str) -> dict[str, object]:
         return BadInput(f"{key}={value!r} in serial URL {url!r} is invalid; valid: {valid}")
 
     if key == "baud":
-        if not value.isdigit() or int(value) <= 0:
+        if not (value.isascii() and value.isdigit()) or len(value) > 9 or int(value) <= 0:  # int("²") fails
             raise bad(f"a positive integer such as {', '.join(map(str, STANDARD_BAUDS[3:8]))}")
         return {"baudrate": int(value)}
     if key == "parity":

@@ -177,6 +177,34 @@ class LLMBackend(Backend):
     def clear(self) -> None: ...
 
 
+# The most elements one tensor of a classifier model may declare, a dynamic dimension counted as 1: 2^26 (256 MiB of
+# float32). What edgerun serves is far below (a 224 px RGB input is 150,528, ImageNet's logits 1,000, openWakeWord's
+# mel input of one chunk 80,000 samples); a file that declares more is refused at load, before numpy (a fixed batch
+# is padded to its size) or the runtime allocate by it (a batch of 2^40-1 asked numpy for 768 TiB).
+MAX_TENSOR_ELEMENTS = 1 << 26
+DYNAMIC = -1  # a dimension the model leaves open (ONNX symbolic or unset, TFLite shape_signature -1)
+
+
+def bounded_shape(where: str, name: str, dims: Sequence[int], limit: int = MAX_TENSOR_ELEMENTS, *,
+                  empty_ok: bool = False) -> tuple[int, ...]:
+    """``dims`` of the tensor ``name`` in the model at ``where`` as a shape, each a positive size or DYNAMIC,
+    refused in one line (BadInput) when a dimension is negative, zero (unless ``empty_ok``: a model's inner tensors
+    may be empty, its input and output may not) or the tensor holds more than ``limit`` elements with its dynamic
+    dimensions at 1. Exact integer arithmetic: no product overflows."""
+    shape = tuple(int(d) for d in dims)
+    bad = next((d for d in shape if d != DYNAMIC and d < (0 if empty_ok else 1)), None)
+    if bad is not None:
+        raise BadInput(f"{where}: tensor {name!r} has shape {list(shape)}: dimension {bad} is not valid "
+                       f"(a positive size, or dynamic)")
+    elements = 1
+    for d in shape:
+        elements *= max(d, 1)
+    if elements > limit:
+        raise BadInput(f"{where}: tensor {name!r} has shape {list(shape)}, {elements} elements: more than the "
+                       f"{limit} ({limit * 4 >> 20} MiB of float32) one tensor of a classifier may hold")
+    return shape
+
+
 @dataclass(frozen=True)
 class TensorInfo:
     """One model input or output as the native runtime reports it."""

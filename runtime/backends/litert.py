@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from devices.backends import BACKENDS, BackendName
-from runtime.backends.base import ClassifierBackend, Offload, Placed, TensorInfo
+from runtime.backends.base import ClassifierBackend, Offload, Placed, TensorInfo, bounded_shape
 from runtime.errors import BackendError, BadInput, MissingDependency, one_line
 from runtime.model_files import check_tflite
 
@@ -57,10 +57,16 @@ def _interpreter_module():
     return interpreter
 
 
-def _info(detail: dict[str, Any]) -> TensorInfo:
-    shape = tuple(int(d) for d in detail.get("shape_signature", detail["shape"]))
+def _shape(detail: dict[str, Any], where: str, empty_ok: bool = False) -> tuple[int, ...]:
+    """A tensor's shape as the file declares it (-1 where dynamic), bounded (runtime.backends.base.bounded_shape)."""
+    signature = detail.get("shape_signature")
+    dims = detail["shape"] if signature is None or not len(signature) else signature
+    return bounded_shape(where, detail["name"], dims, empty_ok=empty_ok)
+
+
+def _info(detail: dict[str, Any], where: str) -> TensorInfo:
     scale, zero = detail.get("quantization", (0.0, 0))
-    return TensorInfo(detail["name"], shape, np.dtype(detail["dtype"]).name, float(scale), int(zero))
+    return TensorInfo(detail["name"], _shape(detail, where), np.dtype(detail["dtype"]).name, float(scale), int(zero))
 
 
 @contextlib.contextmanager
@@ -107,6 +113,8 @@ class LiteRTBackend(ClassifierBackend):
                     model_path=str(path), num_threads=threads, experimental_delegates=self._delegates or None
                 )
                 self._library_nodes = self._it._interpreter.NumNodes()  # before XNNPACK joins at allocate_tensors
+                for detail in self._it.get_tensor_details():  # every tensor the file declares, before the arena is sized
+                    _shape(detail, str(path), empty_ok=True)
                 self._it.allocate_tensors()
         except (ValueError, RuntimeError) as exc:
             raise BadInput(f"{path}: LiteRT cannot load the model ({one_line(exc)})") from None
@@ -114,7 +122,7 @@ class LiteRTBackend(ClassifierBackend):
         if len(inputs) != 1 or len(outputs) != 1:
             raise BadInput(f"{path}: a classifier has one input and one output; this model has {len(inputs)} and {len(outputs)}")
         self._in, self._out = inputs[0]["index"], outputs[0]["index"]
-        self.input, self.output = _info(inputs[0]), _info(outputs[0])
+        self.input, self.output = _info(inputs[0], str(path)), _info(outputs[0], str(path))
         self._batch = int(inputs[0]["shape"][0])  # rows the allocated tensors take now
 
     def _resize(self, n: int) -> int:

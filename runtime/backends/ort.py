@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from devices.backends import BACKENDS, BackendName
-from runtime.backends.base import ClassifierBackend, CpuFeatures, Offload, Placed, TensorInfo
+from runtime.backends.base import DYNAMIC, ClassifierBackend, CpuFeatures, Offload, Placed, TensorInfo, bounded_shape
+from runtime.backends.ort_shapes import check_declared_shapes
 from runtime.errors import BadInput, MissingDependency, one_line
 from runtime.model_files import check_onnx
 
@@ -46,8 +47,20 @@ def _info(arg: Any, path: Path) -> TensorInfo:
     dtype = ORT_DTYPES.get(arg.type)
     if dtype is None:
         raise BadInput(f"{path}: tensor {arg.name!r} has type {arg.type}; classifiers take {', '.join(ORT_DTYPES)}")
-    shape = tuple(d if isinstance(d, int) and d > 0 else -1 for d in arg.shape)
-    return TensorInfo(arg.name, shape, dtype)
+    # ORT gives a symbolic dimension as its name and an unset one as None: both are dynamic. A number is the file's
+    # own: zero, negative or too large a tensor is refused here, before anything is sized by it.
+    dims = [d if isinstance(d, int) else DYNAMIC for d in (arg.shape or ())]
+    return TensorInfo(arg.name, bounded_shape(str(path), arg.name, dims), dtype)
+
+
+def _check_shapes(path: Path) -> None:
+    """The file's declared input and output shapes, bounded (runtime.backends.ort_shapes); check_onnx has read
+    and bounded the file (at most 2 GiB) already."""
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise BadInput(f"{path}: cannot read the model ({exc.strerror})") from None
+    check_declared_shapes(data, str(path))
 
 
 def needs_exact_u8s8(cpu: CpuFeatures) -> bool:
@@ -69,6 +82,7 @@ class ORTBackend(ClassifierBackend):
         idle threads spin-wait unless the placement shares cores with other work, and its CPU's features decide the
         INT8 kernels. ``plan`` sizes nothing here (ORT allocates its own arena)."""
         check_onnx(path)  # before the native parser sees the file
+        _check_shapes(path)
         ort = _ort()
         threads, providers, spin = placement.threads, placement.providers or (CPU_PROVIDER,), not placement.shares_cores
         options = ort.SessionOptions()

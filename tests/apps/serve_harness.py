@@ -20,15 +20,16 @@ from apps.server.state import ServerState
 
 class LiveServer:
     def __init__(self, config: ServeConfig, *, load: bool = True, keys: Any = None, models: Any = None,
-                 api_key: str | None = None) -> None:
-        """``api_key``: sent with every request that names no Authorization of its own."""
+                 api_key: str | None = None, http: Any = "auto") -> None:
+        """``api_key``: sent with every request that names no Authorization of its own. ``http``: uvicorn's HTTP
+        protocol, a name or a class."""
         self.state = ServerState(config, keys, models)
         self.api_key = api_key
         sock = listen("127.0.0.1", 0)
         self.port = sock.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
         self.server = DrainingServer(uvicorn.Config(create_app(self.state, load=load), log_level="warning",
-                                                    timeout_graceful_shutdown=2), self.state)
+                                                    timeout_graceful_shutdown=2, http=http), self.state)
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [sock]}, daemon=True)
         self.thread.start()
         deadline = time.monotonic() + 30

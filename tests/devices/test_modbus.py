@@ -16,12 +16,12 @@ def test_decision_written_and_trigger_read(make_cable):
         assert link.read_trigger() is False
         plc.trigger = True  # a part arrives at the station
         assert link.read_trigger() is True
-        link.write_decision(1)
-        link.write_decision(0)
+        link.write_decision(1)  # pass: the accept coil on
+        link.write_decision(2)  # reject: the accept coil off
     assert plc.writes == [
         (FC_WRITE_SINGLE_REGISTER, 5, [1]),
         (FC_WRITE_SINGLE_COIL, 2, [1]),
-        (FC_WRITE_SINGLE_REGISTER, 5, [0]),
+        (FC_WRITE_SINGLE_REGISTER, 5, [2]),
         (FC_WRITE_SINGLE_COIL, 2, [0]),
     ]
 
@@ -48,5 +48,5 @@ def test_modbus_map_validation(kwargs, message):
 
 def test_decision_must_fit_a_register(make_cable):
     _, a, _ = make_cable()
-    with ModbusDecisionLink(a.url) as link, pytest.raises(BadInput, match="0..65535"):
+    with ModbusDecisionLink(a.url) as link, pytest.raises(BadInput, match="decision value 70000 is invalid"):
         link.write_decision(70000)

@@ -260,3 +260,19 @@ def test_queue_full_is_raised_at_once_with_a_retry_after() -> None:
 def test_bad_settings_are_one_line(kw: dict, fragment: str) -> None:
     with pytest.raises(BadInput, match=fragment):
         DynamicBatcher(lambda items: items, **kw)
+
+
+def test_check_room_refuses_a_full_class_before_its_item_is_made() -> None:
+    # The server asks before it decodes an image: a full queue must refuse then, not after the decode was paid for.
+    run = Gated()
+    with DynamicBatcher(run, max_batch=1, max_wait_ms=0, max_queued=1) as batcher:
+        run.hold(batcher)
+        batcher.check_room(Priority.INTERACTIVE)  # room: nothing queued yet
+        queued = batcher.submit("q1")
+        with pytest.raises(QueueFull, match="interactive queue is full") as err:
+            batcher.check_room(Priority.INTERACTIVE)
+        assert err.value.retry_after > 0
+        batcher.check_room("urgent")  # another class keeps its own places
+        queued.cancel()  # a cancelled item holds no place
+        batcher.check_room(Priority.INTERACTIVE)
+        run.release.set()

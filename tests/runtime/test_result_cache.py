@@ -139,3 +139,16 @@ def test_concurrent_puts_and_gets_keep_the_byte_count_exact() -> None:
     assert stats["hits"] + stats["misses"] == 8 * 2000
     assert stats["bytes"] <= stats["capacity_bytes"]
     assert stats["bytes"] == sum(size for _, size, _ in cache._entries.values())
+
+
+def test_one_scope_never_answers_another() -> None:
+    # The server scopes entries by a digest of the caller's API key: a hit must not tell one key what another asked.
+    cache = ResultCache(1 << 20)
+    params, payload = {"temperature": 0}, {"prompt": "hi"}
+    a, b = ResultCache.key("m@1", params, payload, scope="a" * 64), ResultCache.key("m@1", params, payload, scope="b" * 64)
+    assert a != b and a != ResultCache.key("m@1", params, payload)
+    assert a == ResultCache.key("m@1", params, payload, scope="a" * 64)
+    cache.put(a, "answer", 6)
+    assert cache.get(b) is None and cache.get(a) == "answer"
+    with pytest.raises(BadInput, match="scope must be a string"):
+        ResultCache.key("m@1", params, payload, scope=b"a")  # type: ignore[arg-type]

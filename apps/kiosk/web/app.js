@@ -209,7 +209,49 @@
     show("gallery-count", nodes.length ? `(last ${nodes.length})` : "");
   }
 
+  const bytes = (n) => (n === null || n === undefined ? "—" : n >= 1 << 30 ? `${num(n / 2 ** 30)} GiB`
+    : `${num(n / 2 ** 20)} MiB`);
+
+  function renderAudit(a) {
+    if (!a) { setState("audit", "none", "—"); return; }
+    const pruned = Object.values(a.pruned || {}).reduce((x, y) => x + y, 0);
+    const parts = [`rows ${a.rows}`, `pruned ${pruned}`, `free ${bytes(a.free_bytes)}`];
+    if (a.low_space) parts.push("LOW SPACE");
+    setState("audit", a.low_space || a.last_error ? "down" : "ok", parts.join(" · "));
+    $("audit").title = Object.entries(a.pruned || {}).map(([k, n]) => `${k.replace(/_/g, " ")}: ${n}`).join("\n");
+  }
+
+  function renderFaults(f) {
+    const box = $("faults");
+    box.hidden = !f || !f.latched;
+    if (box.hidden) return;
+    show("fault-effect", f.rejecting ? "every part is REJECTED until an operator clears it" : "parts are still decided");
+    $("fault-list").replaceChildren(...f.active.map((x) => {
+      const li = document.createElement("li");
+      li.textContent = `${x.kind}: ${x.message} (since ${clock(x.since)}, ${x.count} failure${x.count === 1 ? "" : "s"})`;
+      return li;
+    }));
+  }
+
+  async function clearFaults() {
+    const operator = $("fault-operator").value.trim();
+    if (!operator) { show("fault-result", "give the operator's name first"); return; }
+    try {
+      const r = await fetch("/api/faults/clear", {
+        method: "POST", headers: { "Content-Type": "application/json" },
+        body: JSON.stringify({ operator, note: $("fault-note").value.trim() }),
+      });
+      const text = await r.text();
+      show("fault-result", r.ok ? `cleared ${JSON.parse(text).cleared.length}` : text.trim());
+    } catch (e) {
+      show("fault-result", `not cleared: ${e}`);
+    }
+  }
+  $("fault-clear").addEventListener("click", clearFaults);
+
   function render(s) {
+    renderFaults(s.faults);
+    renderAudit(s.audit);
     renderLinks(s);
     renderCounts(s);
     renderLive(s.last);
