@@ -76,3 +76,12 @@ def open_regular(path: Path | str, what: str = "file") -> BinaryIO:
 def sha256_file(path: Path, limit: int | None = None) -> tuple[str, int]:
     with open_regular(path) as fh:
         return sha256_stream(fh, limit=limit)
+
+
+def fsync_dir(path: Path) -> None:
+    """Make the names in the folder ``path`` durable (a rename or a new file in it survives a power cut)."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -33,7 +33,7 @@ from pathlib import Path
 
 from runtime.bundle import EXTENSION, MANIFEST, MAX_MANIFEST_BYTES, Manifest, bundle_files, check_name, check_version, read_manifest_dir
 from runtime.errors import BadInput
-from runtime.files import file_kind, open_regular, sha256_stream
+from runtime.files import file_kind, fsync_dir, open_regular, sha256_stream
 from runtime.stamps import Stamps, record_bundle
 from runtime.units import fmt_bytes
 
@@ -71,14 +71,6 @@ class Installed:
         return self.manifest.ref
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _write_atomic(path: Path, data: bytes) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
@@ -87,7 +79,7 @@ def _write_atomic(path: Path, data: bytes) -> None:
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
-        _fsync_dir(path.parent)
+        fsync_dir(path.parent)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
@@ -226,10 +218,10 @@ class Store:
         for path in staging.iterdir():  # mkstemp/mkdtemp made them private; models are readable by services
             path.chmod(0o644)
         staging.chmod(0o755)
-        _fsync_dir(staging)
+        fsync_dir(staging)
         target_parent.mkdir(parents=True, exist_ok=True)
         os.rename(staging, target)
-        _fsync_dir(target_parent)
+        fsync_dir(target_parent)
         history = [v for v in self._history(manifest.name) if v != manifest.version] + [manifest.version]
         _write_atomic(target_parent / "state.json", json.dumps({"history": history}).encode())
         record_bundle(target, manifest, self.stamps)  # hashed while staged: the first run need not hash again
@@ -492,9 +484,9 @@ def publish(staging: Path, out: Path) -> Path:
             if path.is_file() and not path.is_symlink():
                 with open(path, "rb") as fh:
                     os.fsync(fh.fileno())
-        _fsync_dir(staging)
+        fsync_dir(staging)
         os.rename(staging, out)
-    _fsync_dir(out.parent)
+    fsync_dir(out.parent)
     return out
 
 

@@ -45,6 +45,7 @@ from apps.kiosk.audit_export import export_csv
 from apps.kiosk.retention import TMP_SUFFIX, Keeper, Retention, free_bytes, kept_rows, unlink, used_bytes
 from apps.kiosk.types import STAGES, Decision, Verdict
 from runtime.errors import BadInput
+from runtime.files import fsync_dir
 
 log = logging.getLogger(__name__)
 
@@ -147,8 +148,8 @@ class AuditTrail:
             self._check_schema()
             self._keep = Keeper(self._db, self.images, self.path.parent, quota_bytes, retention)
             self._keep.reconcile()
-            _fsync_dir(self.path.parent)  # the database's and its WAL's names are on disk too
-            _fsync_dir(self.images.parent)
+            fsync_dir(self.path.parent)  # the database's and its WAL's names are on disk too
+            fsync_dir(self.images.parent)
             self._keep.enforce_quota()
             self._keep.maintain()
         except sqlite3.DatabaseError as exc:
@@ -294,7 +295,7 @@ class AuditTrail:
         except OSError:
             tmp.unlink(missing_ok=True)
             raise
-        _fsync_dir(self.images)  # the new name is on disk before the row names it
+        fsync_dir(self.images)  # the new name is on disk before the row names it
         return len(data)
 
     def _fault(self, message: str) -> None:
@@ -389,14 +390,6 @@ class AuditTrail:
 
 class _NoRoom(Exception):
     """A picture not written because the disk is at the free-space floor (counted, not a fault)."""
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _real(value: object) -> float | None:

@@ -19,6 +19,7 @@ from apps.kiosk.retention import Retention, used_bytes
 from apps.kiosk.types import Decision, Verdict
 from runtime.errors import BadInput
 from tests.apps.kiosk.small_disk import fill, free, small_disk
+from tests.apps.kiosk.test_kiosk_faults import audit_rows
 
 DAY = 86400.0
 NO_FLOOR = Retention(min_free_bytes=0)
@@ -34,12 +35,7 @@ def noise(seq: int, side: int = 64) -> np.ndarray:
 
 
 def rows(db: Path) -> list[dict]:
-    con = sqlite3.connect(db)
-    con.row_factory = sqlite3.Row
-    try:
-        return [dict(r) for r in con.execute("SELECT * FROM parts ORDER BY id")]
-    finally:
-        con.close()
+    return audit_rows(db)
 
 
 def named(db: Path) -> set[str]:

@@ -70,22 +70,22 @@ def decided(kiosk: Kiosk, n: int) -> dict:
     return until(lambda: (s := state(kiosk))["counts"]["parts"] >= n and s, f"{n} parts on the dashboard")
 
 
-def audit_rows(db: Path) -> list[dict]:
+def table(db: Path, name: str) -> list[dict]:
+    """Every row of the audit trail's table ``name`` ("parts" or "events"), oldest first."""
     con = sqlite3.connect(db)
     con.row_factory = sqlite3.Row
     try:
-        return [dict(r) for r in con.execute("SELECT * FROM parts ORDER BY id")]
+        return [dict(r) for r in con.execute(f"SELECT * FROM {name} ORDER BY id")]
     finally:
         con.close()
+
+
+def audit_rows(db: Path) -> list[dict]:
+    return table(db, "parts")
 
 
 def audit_events(db: Path) -> list[dict]:
-    con = sqlite3.connect(db)
-    con.row_factory = sqlite3.Row
-    try:
-        return [dict(r) for r in con.execute("SELECT * FROM events ORDER BY id")]
-    finally:
-        con.close()
+    return table(db, "events")
 
 
 @pytest.fixture
