@@ -64,7 +64,8 @@ def check_tflite(path: Path) -> None:
             raise BadInput(f"{where}: not a valid TFLite file ({name} vector of {count} entries does not fit)")
 
 
-def _varint(buf: bytes, at: int, where: str) -> tuple[int, int]:
+def varint(buf: bytes | memoryview, at: int, where: str) -> tuple[int, int]:
+    """(the protobuf varint at ``at`` in an ONNX file's bytes, the offset after it); BadInput if truncated or overlong."""
     value = shift = 0
     while True:
         if at >= len(buf) or shift > 63:
@@ -82,18 +83,18 @@ def check_onnx(path: Path) -> None:
     buf = _read(path)
     at, seen = 0, set()
     while at < len(buf):
-        key, at = _varint(buf, at, where)
+        key, at = varint(buf, at, where)
         number, wire = key >> 3, key & 7
         if number == 0:
             raise BadInput(f"{where}: not a valid ONNX file (field number 0 at byte {at})")
         if wire == 0:
-            _, at = _varint(buf, at, where)
+            _, at = varint(buf, at, where)
         elif wire == 1:
             at += 8
         elif wire == 5:
             at += 4
         elif wire == 2:
-            length, at = _varint(buf, at, where)
+            length, at = varint(buf, at, where)
             at += length
         else:
             raise BadInput(f"{where}: not a valid ONNX file (wire type {wire} of field {number})")

@@ -19,6 +19,7 @@ from collections.abc import Iterator
 
 from runtime.backends.base import DYNAMIC, bounded_shape
 from runtime.errors import BadInput
+from runtime.model_files import varint
 
 _GRAPH, _INITIALIZER, _INPUT, _OUTPUT = 7, 5, 11, 12
 _VARINT, _FIXED64, _LEN, _FIXED32 = 0, 1, 2, 5
@@ -28,16 +29,16 @@ def _fields(buf: memoryview, where: str) -> Iterator[tuple[int, int, int | memor
     """(field number, wire type, value) of one message: an int for varints and fixed fields, the bytes for LEN."""
     at = 0
     while at < len(buf):
-        key, at = _varint(buf, at, where)
+        key, at = varint(buf, at, where)
         number, wire = key >> 3, key & 7
         if wire == _VARINT:
-            value, at = _varint(buf, at, where)
+            value, at = varint(buf, at, where)
             yield number, wire, value
         elif wire in (_FIXED64, _FIXED32):
             at += 8 if wire == _FIXED64 else 4
             yield number, wire, 0
         elif wire == _LEN:
-            length, at = _varint(buf, at, where)
+            length, at = varint(buf, at, where)
             if at + length > len(buf):
                 raise BadInput(f"{where}: not a valid ONNX file (field {number} of {length} bytes runs past its message)")
             yield number, wire, buf[at : at + length]
@@ -46,18 +47,6 @@ def _fields(buf: memoryview, where: str) -> Iterator[tuple[int, int, int | memor
             raise BadInput(f"{where}: not a valid ONNX file (wire type {wire} of field {number})")
         if at > len(buf):
             raise BadInput(f"{where}: not a valid ONNX file (field {number} runs past its message)")
-
-
-def _varint(buf: memoryview, at: int, where: str) -> tuple[int, int]:
-    value = shift = 0
-    while True:
-        if at >= len(buf) or shift > 63:
-            raise BadInput(f"{where}: not a valid ONNX file (truncated or overlong varint at byte {at})")
-        byte = buf[at]
-        value |= (byte & 0x7F) << shift
-        at, shift = at + 1, shift + 7
-        if not byte & 0x80:
-            return value, at
 
 
 def _signed(value: int) -> int:
