@@ -14,7 +14,7 @@ weights, cut at the stride-8 and stride-16 stages), given to anomalib's own Timm
 ``nn.Module`` backbone with the two stages as its layers. Everything after the backbone is anomalib's:
 3x3 average pooling, bilinear upsampling and concatenation (generate_embedding), k-center-greedy coreset at the
 same ratio, nearest-neighbour patch scores with its 9-neighbour re-weighted image score, and its anomaly map.
-Preprocessing is edgerun's (runtime.preprocess: stretch to ``size``, the backbone's mean/std), so both see the
+Preprocessing is edgerun's (runtime.classify.preprocess: stretch to ``size``, the backbone's mean/std), so both see the
 same pixels; it is inside the timed region for both, as the images arrive decoded RGB.
 """
 
@@ -59,8 +59,8 @@ def main(request_path: str, result_path: str) -> int:
 
     from converters.anomaly import backbone as backbones
     from converters.vision import zoo
-    from runtime.bundle import Layout, ResizeMode, VisionSpec
-    from runtime.preprocess import image_tensor, load_rgb
+    from runtime.bundle.manifest import Layout, ResizeMode, VisionSpec
+    from runtime.classify.preprocess import image_tensor, load_rgb
 
     torch.set_num_threads(int(req["threads"]))
     torch.manual_seed(int(req["seed"]))

@@ -30,8 +30,8 @@ from converters.audio import zoo  # noqa: E402
 from converters.audio.clips import windows  # noqa: E402
 from converters.vision import gate, onnx_route, tflite  # noqa: E402
 from converters.vision.recipes import QuantScheme  # noqa: E402
-from runtime.audio import OpenWakeWordFrontEnd, load_audio  # noqa: E402
-from runtime.classifier import time_calls  # noqa: E402
+from runtime.classify.audio_frontend import OpenWakeWordFrontEnd, load_audio  # noqa: E402
+from runtime.classify.classifier import time_calls  # noqa: E402
 from tests.converters.audio.speech import OTHER, WAKE, synthesize  # noqa: E402
 
 

@@ -31,7 +31,7 @@ def rss():
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) * 1024
 base = rss()
-from runtime.classifier import Classifier
+from runtime.classify.classifier import Classifier
 with Classifier.load(sys.argv[1], threads=1, memory=2 << 30, batch=8) as clf:
     spec = clf.spec
     x = np.random.default_rng(0).normal(size=(8, *clf.backend.input.shape[1:])).astype(np.float32)

@@ -45,10 +45,10 @@ def main() -> int:
     args = parser.parse_args()
 
     from converters.llm.draft import make_draft
-    from runtime.llm import LLM
-    from runtime.resolve import resolve
-    from runtime.sampling import SamplingParams
-    from runtime.speculative import Adaptive, PromptLookup, Speculator
+    from runtime.bundle.resolve import resolve
+    from runtime.llm.model import LLM
+    from runtime.llm.sampling import SamplingParams
+    from runtime.llm.speculative import Adaptive, PromptLookup, Speculator
 
     class Fixed(Adaptive):
         def __init__(self, k: int) -> None:

@@ -8,12 +8,12 @@ converters.anomaly.teach's split) and 10 each of the taught defects (scratch, sp
    teach with the float backbone kept (the quantize step replaced by the float export; own bank and threshold).
 2. Anomaly quality on the test set, per bundle: image AUROC (all defects, taught, unseen, per type) and the
    false-reject / missed-defect rates at the bundle's threshold (calibrated for 1 % false rejects on held-out
-   good images); latency per image at batch 1 (runtime.anomaly.AnomalyDetector, 2 threads).
+   good images); latency per image at batch 1 (runtime.classify.anomaly.AnomalyDetector, 2 threads).
 3. anomalib's PatchCore (bench/anomalib_peer.py, run with .venv-anomalib's python: bench/anomalib_env.sh makes
    it) on the same images, the same backbone weights, layers, image size and coreset ratio: AUROC and latency per
    image at batch 1 (torch, 2 threads).
 4. The line, per bundle, with batching (max_batch 8, max_wait 5 ms) and without (max_batch 1): apps.kiosk.pipeline
-   on runtime.batcher through the residency manager, every decision to apps.kiosk.plc over a real pty (a
+   on runtime.serving.batcher through the residency manager, every decision to apps.kiosk.plc over a real pty (a
    NullModem paced at 115200 baud) to the frame-link reference peer in another process (the PLC), journal fsync
    per decision. Parts come at a fixed rate (default 20/s) and the latency is frame -> PLC: from the frame
    handed in to the peer applying its decision (CLOCK_MONOTONIC is one clock for both processes), with the
@@ -160,8 +160,8 @@ def edgerun_latency(det: Any, images: list[np.ndarray], runs: int) -> dict[str, 
 
 
 def edgerun_anomaly(bundle: Path, items: list[dict[str, Any]], runs: int) -> dict[str, Any]:
-    from runtime.anomaly import AnomalyDetector
-    from runtime.preprocess import load_rgb
+    from runtime.classify.anomaly import AnomalyDetector
+    from runtime.classify.preprocess import load_rgb
 
     images = [load_rgb(it["file"]) for it in items]
     with AnomalyDetector.load(str(bundle), threads=THREADS, batch=8) as det:
@@ -174,8 +174,8 @@ def edgerun_anomaly(bundle: Path, items: list[dict[str, Any]], runs: int) -> dic
 def edgerun_latency_again(bundle: Path, items: list[dict[str, Any]], runs: int) -> dict[str, Any]:
     """The latency once more, right after anomalib's run: on a shared machine the load moves between the two, so
     the comparison takes the slower of edgerun's two measurements."""
-    from runtime.anomaly import AnomalyDetector
-    from runtime.preprocess import load_rgb
+    from runtime.classify.anomaly import AnomalyDetector
+    from runtime.classify.preprocess import load_rgb
 
     with AnomalyDetector.load(str(bundle), threads=THREADS, batch=8) as det:
         return edgerun_latency(det, [load_rgb(it["file"]) for it in items], runs)
@@ -259,7 +259,7 @@ def line_run(bundle: Path, images: list[np.ndarray], *, max_batch: int, rate: fl
     from apps.kiosk.pipeline import Pipeline
     from apps.kiosk.policy import Policy
     from apps.kiosk.types import Part
-    from runtime.residency import ModelSpec, ResidencyManager
+    from runtime.residency.manager import ModelSpec, ResidencyManager
 
     row: dict[str, Any] = {"max_batch": max_batch, "load_start": load()}
     with ResidencyManager(1 << 30) as rm:
@@ -370,7 +370,7 @@ def main() -> int:
     import logging
 
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
-    from runtime.preprocess import load_rgb
+    from runtime.classify.preprocess import load_rgb
 
     out: dict[str, Any] = {"when": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "machine": {
         "python": platform.python_version(), "cpus": os.cpu_count(), "cpu": platform.processor() or platform.machine(),

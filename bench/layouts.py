@@ -140,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _bench(args: argparse.Namespace) -> int:
     from converters.llm.quality import evaluate
-    from runtime.resolve import resolve
+    from runtime.bundle.resolve import resolve
 
     model = resolve(args.model)
     src = model.path()

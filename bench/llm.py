@@ -35,8 +35,8 @@ def _prompt(n_words: int, salt: str = "") -> str:
 
 def worker_speed(model: str, threads: int, engine: str) -> dict:
     """One measurement in this (fresh) process."""
-    from runtime.llm import LLM
-    from runtime.resolve import resolve
+    from runtime.bundle.resolve import resolve
+    from runtime.llm.model import LLM
 
     resolved = resolve(model)
     with LLM.load(resolved, memory="2G", ctx=CTX, kv_type="f16", threads=threads, prefix_cache_bytes=0) as llm:
@@ -92,7 +92,7 @@ def worker_speed(model: str, threads: int, engine: str) -> dict:
 
 
 def worker_ttft(model: str, threads: int) -> dict:
-    from runtime.llm import LLM
+    from runtime.llm.model import LLM
 
     with LLM.load(model, memory="2G", ctx=CTX, threads=threads) as llm:
         prefix = llm.tokenize(_prompt(2000, "Manual: "))[:1000]
@@ -113,7 +113,7 @@ def worker_ttft(model: str, threads: int) -> dict:
 
 def worker_rss(model: str, threads: int) -> dict:
     """Default plan (context from the budget), then a workload that fills context and prefix cache."""
-    from runtime.llm import LLM
+    from runtime.llm.model import LLM
     from runtime.metrics import peak_rss_bytes
 
     with LLM.load(model, memory="1G", threads=threads) as llm:

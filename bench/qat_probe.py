@@ -39,8 +39,8 @@ from torch import nn  # noqa: E402
 
 from converters.vision import photos, zoo  # noqa: E402
 from converters.vision.mobilenet_v2 import ConvBN, InvertedResidual, MobileNetV2  # noqa: E402
-from runtime.bundle import Layout, VisionSpec  # noqa: E402
-from runtime.preprocess import image_tensor  # noqa: E402
+from runtime.bundle.manifest import Layout, VisionSpec  # noqa: E402
+from runtime.classify.preprocess import image_tensor  # noqa: E402
 
 MEAN_PX, STD_PX = zoo.IMAGENET_MEAN, zoo.IMAGENET_STD
 

@@ -1,8 +1,8 @@
-"""Summed residency plans against measured RSS, several LLMs in one process (runtime.residency's docstring).
+"""Summed residency plans against measured RSS, several LLMs in one process (runtime.residency.manager's docstring).
 
 Loads SmolLM2 Q4_1, a second SmolLM2 (a second llama.cpp context of the same file) and Gemma 3 270M one after
-another through one ResidencyManager (ctx 512, f16 KV, 8 MiB prefix cache, one thread; runtime.engine.Engine
-with its default slots when present, else runtime.llm.LLM), generates 8 tokens
+another through one ResidencyManager (ctx 512, f16 KV, 8 MiB prefix cache, one thread; runtime.serving.engine.Engine
+with its default slots when present, else runtime.llm.model.LLM), generates 8 tokens
 with each so that its weights are touched, and reports after each load the RSS the model added against its
 own plan (its total less the runtime term, which the manager counts once), and the process RSS against the
 manager's sum. Prints JSON; the models are built into the store on first use.
@@ -25,7 +25,7 @@ MiB = 1 << 20
 
 def main() -> None:
     from runtime.metrics import rss_bytes
-    from runtime.residency import ModelSpec, ResidencyManager
+    from runtime.residency.manager import ModelSpec, ResidencyManager
 
     options = {"ctx": 512, "kv_type": "f16", "prefix_cache_bytes": 8 * MiB, "threads": 1}
     rows = []
@@ -35,8 +35,8 @@ def main() -> None:
             before = rss_bytes()
             with models.acquire(name) as llm:
                 tokens, params = llm.tokenize("hello there, how are you"), llm.params(max_tokens=8, temperature=0.0)
-                if hasattr(llm, "submit"):  # runtime.engine.Engine (the default loader's choice when present)
-                    from runtime.engine import GenRequest
+                if hasattr(llm, "submit"):  # runtime.serving.engine.Engine (the default loader's choice when present)
+                    from runtime.serving.engine import GenRequest
 
                     llm.generate(GenRequest(tokens, params))
                 else:

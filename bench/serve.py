@@ -65,7 +65,7 @@ def prompts(n: int, tag: str) -> tuple[Prompt, ...]:
 
 
 def gguf_of(model: str) -> Path:
-    from runtime.resolve import resolve
+    from runtime.bundle.resolve import resolve
 
     return resolve(model).path()
 

@@ -27,7 +27,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from runtime.errors import BadInput, EdgerunError  # noqa: E402 - after the path set-up above
-from runtime.speculative import expected_tokens  # noqa: E402
+from runtime.llm.speculative import expected_tokens  # noqa: E402
 
 
 def break_even(cost_steps: float, k: int) -> float | None:
@@ -44,7 +44,7 @@ def break_even(cost_steps: float, k: int) -> float | None:
 
 
 def measure(model: str, sizes: list[int], position: int, repeats: int, threads: int) -> dict:
-    from runtime.llm import LLM
+    from runtime.llm.model import LLM
 
     with LLM.load(model, ctx=max(1024, position + max(sizes) + 8), threads=threads, speculate=False,
                   prefix_cache_bytes=0) as llm:

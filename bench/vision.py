@@ -39,9 +39,9 @@ from converters.classifier.quantize import build_quantized  # noqa: E402
 from converters.vision import gate, onnx_route, photos, rounding, tflite, zoo  # noqa: E402
 from converters.vision.recipes import Format, QuantScheme, Rounding  # noqa: E402
 from converters.vision.source import Source, SourceKind  # noqa: E402
-from runtime.bundle import Layout, VisionSpec  # noqa: E402
-from runtime.classifier import time_calls  # noqa: E402
-from runtime.preprocess import image_tensor  # noqa: E402
+from runtime.bundle.manifest import Layout, VisionSpec  # noqa: E402
+from runtime.classify.classifier import time_calls  # noqa: E402
+from runtime.classify.preprocess import image_tensor  # noqa: E402
 
 
 def lat(backend, x: np.ndarray, runs: int) -> tuple[float, float]:

@@ -7,8 +7,8 @@ converted to an INT8 TFLite bundle on the corpus (as the tests do). Each measure
 - ``session``: ``edgerun voice`` (the CLI, in process) on one WAV of >= 20 turns read in real time, each turn
   followed by silence long enough for its answer: end of speech -> transcript, first token, first sentence and
   first audio out, p50/p95; the transcripts' word error rate; peak RSS of the process against the memory plan;
-- ``asr``: runtime.asr on every question and command clip: real-time factor (decoding time / audio time), WER;
-- ``tts``: runtime.tts (the default voice) on the answers the session gave: real-time factor;
+- ``asr``: runtime.speech.asr on every question and command clip: real-time factor (decoding time / audio time), WER;
+- ``tts``: runtime.speech.tts (the default voice) on the answers the session gave: real-time factor;
 - ``wake``: the assistant's wake-word detector (apps/voice/models.py) on every clip without the wake word, fed
   frame by frame: false accepts per hour of that audio; and the share of wake turns it detects.
 
@@ -64,8 +64,8 @@ def worker_session(corpus_dir: str, bundle: str, session_wav: str, out_wav: str)
 
 
 def worker_asr(corpus_dir: str) -> dict:
-    from runtime.asr import ASR
-    from runtime.audio import load_audio
+    from runtime.classify.audio_frontend import load_audio
+    from runtime.speech.asr import ASR
 
     corpus = _corpus(Path(corpus_dir))
     clips = corpus.of("question", "command")
@@ -80,7 +80,7 @@ def worker_asr(corpus_dir: str) -> dict:
 
 
 def worker_tts(texts_json: str) -> dict:
-    from runtime.tts import load_tts
+    from runtime.speech.tts import load_tts
 
     texts = json.loads(Path(texts_json).read_text())
     tts = load_tts("default")
@@ -97,8 +97,8 @@ def worker_tts(texts_json: str) -> dict:
 def worker_wake(corpus_dir: str, bundle: str) -> dict:
     from apps.voice.models import WakeWordDetector
     from apps.voice.types import FRAME_SAMPLES
-    from runtime.audio import load_audio
-    from runtime.audio_classifier import AudioClassifier
+    from runtime.classify.audio_classifier import AudioClassifier
+    from runtime.classify.audio_frontend import load_audio
 
     corpus = _corpus(Path(corpus_dir))
     detector = WakeWordDetector(AudioClassifier.load(bundle), "alexa")
@@ -141,8 +141,8 @@ def _convert_wake(corpus: mva.Corpus, root: Path) -> Path:
 
 
 def _session_wav(corpus: mva.Corpus, clips: list[mva.Clip], path: Path, gap_s: float) -> None:
-    from runtime.audio import read_wav
-    from runtime.wav import write_wav
+    from runtime.classify.audio_frontend import read_wav
+    from runtime.formats.wav import write_wav
 
     parts = []
     for i, c in enumerate(clips):

@@ -9,7 +9,7 @@ earlier answers; greedy (temperature 0, repeat penalty 1: the raw library's defa
 the session gives it.
 
 Two sides, each in its own fresh process (so its peak RSS is its own), one after the other, never at once:
-  edgerun  runtime.llm.LLM.chat (prefix cache, chat KV reuse, speculation where the LLM has it, thread choice
+  edgerun  runtime.llm.model.LLM.chat (prefix cache, chat KV reuse, speculation where the LLM has it, thread choice
            as edgerun makes it);
   raw      llama_cpp.Llama(model_path=..., n_ctx=...) and create_chat_completion(messages=..., temperature=0,
            max_tokens=..., stream=True) per turn, as llama-cpp-python's README shows (streamed to time the first
@@ -238,7 +238,7 @@ def _replay(sessions: list[Session], order: str, ask: Any) -> list[dict[str, Any
 
 
 def run_edgerun(job: dict[str, Any]) -> dict[str, Any]:
-    from runtime.llm import LLM
+    from runtime.llm.model import LLM
     from runtime.metrics import peak_rss_bytes
 
     sessions = [Session(**s) for s in job["sessions"]]
@@ -364,7 +364,7 @@ def edgerun_detail(run: dict[str, Any]) -> dict[str, Any]:
     return {"prompt_tokens": sum(t["prompt_tokens"] for t in turns), "reused_tokens": sum(t["reused_tokens"] for t in turns),
             "reuse_sources": sources, "drafted": sum(s.get("drafted", 0) for s in spec),
             "accepted": sum(s.get("accepted", 0) for s in spec), "speculation_on_at_end": sum(bool(s.get("on")) for s in spec),
-            # speculation's own account (runtime.speculative.SpecStats): seconds its verify steps saved over the plain
+            # speculation's own account (runtime.llm.speculative.SpecStats): seconds its verify steps saved over the plain
             # steps they stood for, and seconds spent drafting
             "saved_s": sum(s.get("saved_ms", 0.0) for s in spec) / 1000, "draft_s": sum(s.get("draft_ms", 0.0) for s in spec) / 1000}
 
@@ -507,7 +507,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from runtime.resolve import resolve
+    from runtime.bundle.resolve import resolve
 
     sessions = load_sessions(args.workload, args.sessions)
     for flag, value in (("--turns", args.turns), ("--max-tokens", args.max_tokens), ("--ctx", args.ctx), ("--threads", args.threads),
@@ -574,7 +574,7 @@ def _bench(args: argparse.Namespace) -> int:
 def _speculation_option() -> bool:
     import inspect
 
-    from runtime.llm import LLM
+    from runtime.llm.model import LLM
 
     return "speculate" in inspect.signature(LLM.load).parameters
 

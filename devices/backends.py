@@ -38,8 +38,8 @@ class BackendSpec:
     title: str  # how a message names it
     module: str  # the runtime module that drives it, imported only when asked for (runtime.backends.backend_class)
     cls: str  # the backend class in ``module``
-    model_format: str  # the one runtime.bundle.ModelFormat it loads
-    kinds: tuple[str, ...]  # the runtime.bundle.ModelKind values it serves
+    model_format: str  # the one runtime.bundle.manifest.ModelFormat it loads
+    kinds: tuple[str, ...]  # the runtime.bundle.manifest.ModelKind values it serves
     targets: tuple[Target, ...]  # where it can run (auto resolves among these)
     # Its package pinned as pyproject.toml's extras pin it; "" when nothing is needed. The one copy of the pin in
     # runtime/ and devices/: every install line and message is made from it (tests/devices/test_install_pins.py).

@@ -2,7 +2,7 @@
 
 A Jetson's integrated GPU (Tegra: /etc/nv_tegra_release, /dev/nvhost-gpu, /dev/nvgpu) allocates from the same RAM
 as the CPU: weights llama.cpp offloads there leave the file mapping (reclaimable cache) for a CUDA allocation in that
-RAM, so runtime.plan_device.split_by_device counts them once, in one pool. A discrete NVIDIA GPU (/dev/nvidiaN) has memory
+RAM, so runtime.llm.plan_device.split_by_device counts them once, in one pool. A discrete NVIDIA GPU (/dev/nvidiaN) has memory
 of its own, counted apart from RAM. Other integrated GPUs (a Pi's v3d, Mali) share RAM too, but no edgerun backend
 offloads an LLM to them.
 """

@@ -47,7 +47,7 @@ PRE_TOKENIZERS = {"smollm": _SMOLLM_PRE}
 def _gguf_path(ref: str) -> Path:
     if ref.endswith(".gguf"):
         return Path(ref)
-    from runtime.resolve import resolve
+    from runtime.bundle.resolve import resolve
 
     return resolve(ref).path()
 

@@ -7,7 +7,7 @@ ORDER says what is loaded before llama.cpp's model load, in this order:
     numpy     import numpy, then llama_cpp                      (issue 20: SIGSEGV on the CUDA build)
     llama     llama_cpp, then numpy (llama_cpp imports it)      (issue 20: fine)
     errors    runtime.errors, then llama_cpp                    (issue 20: fine)
-    edgerun   edgerun's own path: runtime.llm.LLM.load (what `edgerun run` does)
+    edgerun   edgerun's own path: runtime.llm.model.LLM.load (what `edgerun run` does)
     edgerun-llama  llama.cpp's libraries (llama_cpp.llama_cpp) first, then edgerun's own path: the candidate fix
     openblas  only numpy's bundled OpenBLAS (ctypes, no numpy import), then llama_cpp
     gomp      libgomp.so.1 with RTLD_GLOBAL, then numpy, then llama_cpp
@@ -147,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     before = preload(args.order)
     result: dict = {"order": args.order, "preloaded": before, "gpu_layers": args.gpu_layers}
     if args.order in ("edgerun", "edgerun-llama"):
-        from runtime.llm import LLM
+        from runtime.llm.model import LLM
 
         target = "gpu" if args.gpu_layers else "cpu"
         if args.record:

@@ -61,7 +61,7 @@ def cells(dry: bool) -> list[Cell]:
         Cell("numpy-first", "numpy", gpu_layers=gl, why="the issue's crash"),
         Cell("llama-first", "llama", gpu_layers=gl, why="the issue's working order"),
         Cell("errors-first", "errors", gpu_layers=gl, why="issue: runtime.errors first is fine"),
-        Cell("edgerun", "edgerun", gpu_layers=gl, why="edgerun's own load path (runtime.llm.LLM.load)"),
+        Cell("edgerun", "edgerun", gpu_layers=gl, why="edgerun's own load path (runtime.llm.model.LLM.load)"),
         Cell("edgerun, llama.cpp libs first", "edgerun-llama", gpu_layers=gl,
              why="the candidate fix: edgerun loads llama.cpp's libraries before numpy's"),
         Cell("openblas-first", "openblas", gpu_layers=gl, why="H1: numpy's OpenBLAS (threads, TLS, memory) alone"),

@@ -283,8 +283,8 @@ def corpus_items(voices: Sequence[str]) -> Iterable[tuple[str, str, Voice, str, 
 
 
 def _write(root: Path, kind: str, cid: str, x: np.ndarray, src: int, rate: int) -> tuple[str, float]:
-    from runtime.resample import resample
-    from runtime.wav import write_wav
+    from runtime.formats.wav import write_wav
+    from runtime.speech.resample import resample
 
     y = resample(x, src, rate) if rate != src else x
     rel = f"{kind}/{cid}.wav"

@@ -1,5 +1,5 @@
 """Measure what each speech model adds to a process (RSS) and how fast it runs: the figures behind the
-measured plan constants in runtime/asr.py, runtime/vad.py and runtime/tts.py.
+measured plan constants in runtime/speech/asr.py, runtime/speech/vad.py and runtime/speech/tts.py.
 
 Each model is measured in a fresh process over numpy: RSS after importing its library (the runtime term),
 after loading it (weights), and the high-water mark while it works (working memory), plus its real-time
@@ -33,7 +33,7 @@ from devices.backends import BackendName
 
 PHRASES = ("Turn on the kitchen lights please.", "What is the capital of France?", "Set a timer for ten minutes.",
            "The quick brown fox jumps over the lazy dog.", "Please remind me to call my mother tomorrow morning.")
-# longer than runtime.tts.MAX_PIECE_CHARS, no comma: its first piece is the longest Piper is given (the working memory planned)
+# longer than runtime.speech.tts.MAX_PIECE_CHARS, no comma: its first piece is the longest Piper is given (the working memory planned)
 LONG = ("the weather today is mostly sunny with a light breeze from the west and a high of twenty two degrees so it is "
         "a good afternoon for a long walk in the park")
 
@@ -65,7 +65,7 @@ def child(kind: str, threads: int, audio: str) -> dict:
         import faster_whisper  # noqa: F401
 
         out["imported"] = _status("VmRSS")
-        from runtime.asr import ASR
+        from runtime.speech.asr import ASR
 
         model = ASR.load(threads=threads)
         out["loaded"] = _status("VmRSS")
@@ -82,7 +82,7 @@ def child(kind: str, threads: int, audio: str) -> dict:
         import onnxruntime  # noqa: F401
 
         out["imported"] = _status("VmRSS")
-        from runtime.vad import SileroVAD
+        from runtime.speech.vad import SileroVAD
 
         model = SileroVAD.load(threads=1)
         out["loaded"] = _status("VmRSS")
@@ -97,7 +97,7 @@ def child(kind: str, threads: int, audio: str) -> dict:
         import onnxruntime  # noqa: F401
 
         out["imported"] = _status("VmRSS")
-        from runtime.tts import load_tts
+        from runtime.speech.tts import load_tts
 
         model = load_tts(threads=threads, fallback=False)
         out["loaded"] = _status("VmRSS")
@@ -130,7 +130,7 @@ def _work(name: str, model: object, clips: list[np.ndarray]) -> None:
             detector.detect(x[at : at + FRAME_SAMPLES])
     elif name == "vad":
         from apps.voice.types import FRAME_SAMPLES
-        from runtime.vad import SpeechSegmenter
+        from runtime.speech.vad import SpeechSegmenter
 
         seg = SpeechSegmenter(model)
         x = clips[-1]
@@ -173,7 +173,7 @@ def assistant(wake: str | None, threads: int, audio: str) -> dict:
 
     import apps.cli.voice_cmd  # noqa: F401  (what `edgerun voice` has imported before planning)
     from apps.voice.plan import VoiceModels, open_residency, plan_voice, voice_loaders
-    from runtime.residency_loaders import default_loaders
+    from runtime.residency.loaders import default_loaders
     from runtime.units import parse_size
 
     clips = list(np.load(audio, allow_pickle=True))

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from runtime.store import Store
+from runtime.bundle.store import Store
 
 
 @pytest.fixture(scope="session")
@@ -33,14 +33,14 @@ def store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Store:
 @pytest.fixture(scope="session")
 def smollm(shared_home: Path):
     """The default model (SmolLM2-135M-Instruct Q4_1), built from its package once."""
-    from runtime.resolve import resolve
+    from runtime.bundle.resolve import resolve
 
     return resolve("default", Store(shared_home))
 
 
 @pytest.fixture(scope="session")
 def gemma(shared_home: Path):
-    from runtime.resolve import resolve
+    from runtime.bundle.resolve import resolve
 
     return resolve("gemma3-270m", Store(shared_home))
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from runtime.bundle import NAME_RE, check_name, name_from
+from runtime.bundle.manifest import NAME_RE, check_name, name_from
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("runtime", "converters", "apps", "devices")
@@ -25,7 +25,7 @@ def _assigned(tree: ast.AST, name: str) -> bool:
 
 def test_reserve_fraction_is_defined_once() -> None:
     where = [p.relative_to(ROOT).as_posix() for p, src in _sources().items() if _assigned(ast.parse(src), "RESERVE_FRACTION")]
-    assert where == ["runtime/plan.py"]
+    assert where == ["runtime/llm/plan.py"]
 
 
 def test_optional_imports_go_through_runtime_optional_require() -> None:
@@ -34,19 +34,20 @@ def test_optional_imports_go_through_runtime_optional_require() -> None:
 
 
 def test_names_are_sanitised_in_one_place() -> None:
-    # The pattern that turns a file name into a model name appears once: in runtime.bundle.name_from.
+    # The pattern that turns a file name into a model name appears once: in runtime.bundle.manifest.name_from.
     pattern = 're.sub(r"[^a-z0-9._-]+"'
     where = [p.relative_to(ROOT).as_posix() for p, src in _sources().items() if pattern in src]
-    assert where == ["runtime/bundle.py"]
+    assert where == ["runtime/bundle/manifest.py"]
 
 
 def test_each_manifest_section_is_defined_once_beside_the_envelope() -> None:
-    # runtime/bundle.py holds the envelope (manifest, files, layout); each model kind's section, the tensor type the
-    # classifier kinds share and the typed field readers all of them use are defined once, in their own module.
-    homes = {"LLMSpec": "runtime/specs/llm.py", "VisionSpec": "runtime/specs/vision.py", "Layout": "runtime/specs/vision.py",
-             "AudioSpec": "runtime/specs/audio.py", "TensorQuant": "runtime/specs/tensor.py",
-             "required_field": "runtime/manifest_fields.py", "floats_field": "runtime/manifest_fields.py",
-             "is_finite": "runtime/manifest_fields.py"}
+    # runtime/bundle/manifest.py holds the envelope (manifest, files, layout); each model kind's section, the tensor
+    # type the classifier kinds share and the typed field readers all of them use are defined once, in their own module.
+    homes = {"LLMSpec": "runtime/bundle/specs/llm.py", "VisionSpec": "runtime/bundle/specs/vision.py",
+             "Layout": "runtime/bundle/specs/vision.py",
+             "AudioSpec": "runtime/bundle/specs/audio.py", "TensorQuant": "runtime/bundle/specs/tensor.py",
+             "required_field": "runtime/bundle/fields.py", "floats_field": "runtime/bundle/fields.py",
+             "is_finite": "runtime/bundle/fields.py"}
     found: dict[str, list[str]] = {}
     for p, src in _sources().items():
         for node in ast.walk(ast.parse(src)):
@@ -85,10 +86,10 @@ def _functions_using(*names: str) -> list[str]:
 
 def test_language_models_load_through_one_path() -> None:
     # Reading a GGUF and resolving where it runs, in one function, is the LLM load path (check, plan, place, open,
-    # measure the offload): runtime.loader.open_llm, which LLM.load and Engine.load (with slots and the batched
+    # measure the offload): runtime.llm.loader.open_llm, which LLM.load and Engine.load (with slots and the batched
     # backend) both call. Planning alone (the residency manager's plan_bytes) reads the GGUF but places nothing.
-    assert _functions_using("read_gguf", "resolve_placement") == ["runtime/loader.py:open_llm"]
-    assert _functions_using("open_llm") == ["runtime/engine.py:load", "runtime/llm.py:load"]
+    assert _functions_using("read_gguf", "resolve_placement") == ["runtime/llm/loader.py:open_llm"]
+    assert _functions_using("open_llm") == ["runtime/llm/model.py:load", "runtime/serving/engine.py:load"]
 
 
 def test_llamacpp_offload_is_measured_in_one_place() -> None:
@@ -103,4 +104,4 @@ def test_the_answers_room_in_a_context_is_one_rule() -> None:
     # The cells kept free for the answer when a prompt is fitted (LLM, chat, engine slots, the server's refusals).
     rule = re.compile(r"max\(1, min\([^)]*max_tokens[^)]*// 4\)\)")
     where = [p.relative_to(ROOT).as_posix() for p, src in _sources().items() if rule.search(src)]
-    assert where == ["runtime/generation.py"]
+    assert where == ["runtime/llm/generation.py"]

@@ -19,7 +19,7 @@ import numpy as np
 from apps.cli.common import print_json, refuse_flags
 from apps.cli.flags import MAX_BATCH, MAX_RUNS, integer, size, thread_count
 from runtime.errors import BadInput
-from runtime.plan import CTX_PAD, DEFAULT_MAX_CTX
+from runtime.llm.plan import CTX_PAD, DEFAULT_MAX_CTX
 
 HELP = ("measure a model: an LLM's prefill/decode tokens/s per thread count (llama-bench's pp/tg) and speculation; "
         "a vision or audio bundle's latency p50/p99, throughput with batching, placement")
@@ -67,15 +67,15 @@ def _main_llm(args: argparse.Namespace, model: Any) -> int:
 def measure(ref: Any, threads: int, runs: int, batch: int, target: str = "auto", require_accelerator: bool = False) -> dict[str, Any]:
     import time
 
-    from runtime import preprocess
-    from runtime.bundle import ModelKind
-    from runtime.classifier import Classifier
-    from runtime.resolve import resolve
+    from runtime.bundle.manifest import ModelKind
+    from runtime.bundle.resolve import resolve
+    from runtime.classify import preprocess
+    from runtime.classify.classifier import Classifier
 
     resolved = resolve(ref) if isinstance(ref, str) else ref
     extra: dict[str, Any] = {}
     if resolved.manifest.kind is ModelKind.AUDIO:
-        from runtime.audio_classifier import AudioClassifier
+        from runtime.classify.audio_classifier import AudioClassifier
 
         clf: Any = AudioClassifier.load(str(resolved.directory), threads=threads, target=target,
                                         require_accelerator=require_accelerator, batch=batch)
@@ -110,8 +110,8 @@ def measure(ref: Any, threads: int, runs: int, batch: int, target: str = "auto",
 
 
 def main(args: argparse.Namespace) -> int:
-    from runtime.bundle import ModelKind
-    from runtime.resolve import resolve
+    from runtime.bundle.manifest import ModelKind
+    from runtime.bundle.resolve import resolve
 
     model = resolve(args.model)
     if model.manifest.kind is ModelKind.LLM:

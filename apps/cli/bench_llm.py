@@ -20,7 +20,7 @@ import time
 from typing import Any
 
 from runtime.errors import BadInput
-from runtime.plan import CTX_PAD, MIN_CTX
+from runtime.llm.plan import CTX_PAD, MIN_CTX
 
 # A plain text with no repeats for pp/tg (its tokens repeat only past ~200 tokens, and pp/tg sample nothing).
 _FILLER = ("The lighthouse keeper wrote down the wind, the swell, the ships that passed and the hour the lamp was lit. "
@@ -85,7 +85,7 @@ def pp_tg(llm: Any, threads: int, prompt_tokens: int, gen_tokens: int, runs: int
 
 
 def _always_on() -> Any:
-    from runtime.speculative import Adaptive
+    from runtime.llm.speculative import Adaptive
 
     class AlwaysOn(Adaptive):
         """The adaptive controller that never switches speculation off: what drafting gives where it is forced."""
@@ -99,8 +99,8 @@ def speculation(ref: Any, threads: int, gen_tokens: int, runs: int, common: dict
     """Decode tokens/s on :data:`SPEC_PROMPT`, greedy, with speculation off and on (a fresh load each; on: prompt
     lookup, or the ``draft`` model). The adaptive controller keeps its state across the runs of one load, as it
     does in a long-running process: the warm-up run lets it settle."""
-    from runtime.llm import LLM
-    from runtime.speculative import Speculator
+    from runtime.llm.model import LLM
+    from runtime.llm.speculative import Speculator
 
     out: dict[str, Any] = {"threads": threads, "test": f"tg{gen_tokens} repetitive"}
     texts = {}
@@ -133,7 +133,7 @@ def context_for(prompt_tokens: int, gen_tokens: int, spec_tokens: int) -> int:
 
 def measure(ref: Any, threads_list: list[int], prompt_tokens: int, gen_tokens: int, runs: int, *, memory: Any = None,
             target: str = "auto", require_accelerator: bool = False, draft: Any = None) -> dict[str, Any]:
-    from runtime.llm import LLM
+    from runtime.llm.model import LLM
 
     if not prompt_tokens and not gen_tokens:
         raise BadInput("--prompt-tokens and --gen-tokens are both 0: nothing to measure (give either a positive count)")

@@ -7,8 +7,8 @@ import sys
 
 from apps.cli.common import add_load_arguments, add_sampling_arguments, emit, load, sampling
 from apps.cli.flags import utf8_problem, utf8_text
-from runtime.chat import ChatSession
 from runtime.errors import BadInput
+from runtime.llm.chat import ChatSession
 
 HELP = "chat with a model interactively (one user turn per line; /reset, /quit)"
 

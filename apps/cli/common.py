@@ -12,7 +12,7 @@ from typing import Any
 
 from apps.cli.flags import INT32_MAX, integer, sampling_value, size, thread_count, utf8_text
 from runtime.errors import BadInput
-from runtime.plan import CTX_PAD, MIN_CTX, KVType
+from runtime.llm.plan import CTX_PAD, MIN_CTX, KVType
 
 MAX_CTX = INT32_MAX // CTX_PAD * CTX_PAD  # llama.cpp pads n_ctx up to 256 cells: the padded count must stay an int32
 
@@ -76,7 +76,7 @@ def refuse_flags(args: argparse.Namespace, dests: tuple[str, ...], model: Any, r
 
 def load(args: argparse.Namespace, model: Any = None):
     """The LLM named by ``args.model`` (or the already resolved ``model``), with the load flags."""
-    from runtime.llm import LLM
+    from runtime.llm.model import LLM
 
     speculate = not getattr(args, "no_speculate", None)
     if not speculate and getattr(args, "draft", None):

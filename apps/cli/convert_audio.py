@@ -8,7 +8,7 @@ from pathlib import Path
 from apps.cli.common import print_json
 from apps.cli.convert_vision import CODE_WARNING, add_gate_arguments, add_output_arguments, latency_line, rounding_line
 from converters.vision.recipes import Format, QuantScheme, Rounding, parse
-from runtime.audio import FrontEnd
+from runtime.classify.audio_frontend import FrontEnd
 
 HELP = "audio classifier/detector (zoo:NAME, .pt2 or .onnx) + its feature front end -> calibrated INT8/INT4/FP16 TFLite or ONNX bundle"
 

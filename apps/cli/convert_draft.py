@@ -27,9 +27,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     from converters.llm.draft import bundle_with_draft, make_draft
-    from runtime.bundle import ModelKind
+    from runtime.bundle.manifest import ModelKind
+    from runtime.bundle.resolve import resolve
     from runtime.errors import BadInput
-    from runtime.resolve import resolve
 
     model = resolve(args.model)
     if model.manifest.kind is not ModelKind.LLM:

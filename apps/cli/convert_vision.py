@@ -9,7 +9,7 @@ from apps.cli import flags
 from apps.cli.common import print_json
 from converters.vision import gate
 from converters.vision.recipes import Format, QuantScheme, Rounding, parse
-from runtime.bundle import ColorOrder, Layout, ResizeMode
+from runtime.bundle.manifest import ColorOrder, Layout, ResizeMode
 from runtime.errors import BadInput
 
 CODE_WARNING = (

@@ -96,8 +96,8 @@ def size(minimum: int = 1) -> Callable[[str], int]:
 
 
 def sampling_value(key: str) -> Callable[[str], Any]:
-    """An argparse ``type=`` for a sampling setting, with the range runtime.sampling holds for it."""
-    from runtime.sampling import FLOATS, RULES
+    """An argparse ``type=`` for a sampling setting, with the range runtime.llm.sampling holds for it."""
+    from runtime.llm.sampling import FLOATS, RULES
 
     rule = RULES[key]
     kind = "a number" if key in FLOATS else "an integer"

@@ -6,8 +6,8 @@ import argparse
 
 from apps.cli.common import print_json
 from apps.cli.terminal import printable
-from runtime.gguf_file import read_gguf
-from runtime.resolve import resolve
+from runtime.bundle.resolve import resolve
+from runtime.formats.gguf_file import read_gguf
 from runtime.units import fmt_bytes
 
 HELP = "show a model's manifest, file metadata and quality reports"

@@ -6,11 +6,11 @@ import argparse
 
 from apps.cli.common import add_llm_plan_arguments, print_json, refuse_flags
 from apps.cli.flags import MAX_BATCH, integer, size
-from runtime.bundle import ModelKind
-from runtime.draft import resolve_draft
-from runtime.gguf_file import read_gguf
-from runtime.plan import MAX_SLOTS, KVType, default_budget, plan_llm
-from runtime.resolve import resolve
+from runtime.bundle.manifest import ModelKind
+from runtime.bundle.resolve import resolve
+from runtime.formats.gguf_file import read_gguf
+from runtime.llm.draft import resolve_draft
+from runtime.llm.plan import MAX_SLOTS, KVType, default_budget, plan_llm
 
 HELP = "show how a model would use a memory budget (refuses with exit 3 if it cannot fit)"
 
@@ -39,19 +39,19 @@ def main(args: argparse.Namespace) -> int:
     if kind is ModelKind.AUDIO:
         refuse_flags(args, ("batch",), model, "an audio bundle is planned per segment of its input, not per batch")
     if kind is not ModelKind.LLM:  # classifiers: weights (+ front-end models) + arena + runtime
-        from runtime.vision_plan import plan_classifier
+        from runtime.classify.plan import plan_classifier
 
         spec = model.manifest.audio
         files = ["weights"] if spec is None else ["weights", *spec.frontend_files]
         model_bytes = sum(model.manifest.file(f).size if f == "weights" else model.file(f).stat().st_size for f in files)
         if kind is ModelKind.ANOMALY:  # as AnomalyDetector.load plans it: the memory bank and the distance search too
-            from runtime.anomaly import plan_anomaly
+            from runtime.classify.anomaly import plan_anomaly
 
             plan = plan_anomaly(model.manifest, budget, batch=args.batch or 1)
         elif spec is None:
             plan = plan_classifier(model.manifest, model_bytes, budget, batch=args.batch or 1)
         else:  # as AudioClassifier.load plans it: a segment's windows and working set (input files not known here)
-            from runtime.audio_classifier import SEGMENT_WINDOWS, segment_bytes
+            from runtime.classify.audio_classifier import SEGMENT_WINDOWS, segment_bytes
 
             plan = plan_classifier(model.manifest, model_bytes, budget, batch=SEGMENT_WINDOWS, input_bytes=segment_bytes(spec))
     else:

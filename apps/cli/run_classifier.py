@@ -7,9 +7,9 @@ import sys
 
 from apps.cli.common import print_json
 from apps.cli.terminal import printable
-from runtime.bundle import ModelKind
-from runtime.classifier import DEFAULT_TOP_K, Classifier
-from runtime.resolve import ResolvedModel
+from runtime.bundle.manifest import ModelKind
+from runtime.bundle.resolve import ResolvedModel
+from runtime.classify.classifier import DEFAULT_TOP_K, Classifier
 
 
 def main(args: argparse.Namespace, resolved: ResolvedModel) -> int:
@@ -18,8 +18,8 @@ def main(args: argparse.Namespace, resolved: ResolvedModel) -> int:
     kind = resolved.manifest.kind
     extra = {}
     if kind is ModelKind.AUDIO:
-        from runtime.audio import wav_info
-        from runtime.audio_classifier import AudioClassifier
+        from runtime.classify.audio_classifier import AudioClassifier
+        from runtime.classify.audio_frontend import wav_info
 
         loader = AudioClassifier.load
         extra["inputs"] = [wav_info(p) for p in args.input]  # headers checked before loading; the plan counts reading them

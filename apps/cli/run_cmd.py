@@ -7,7 +7,7 @@ import sys
 
 from apps.cli.common import SAMPLING_FLAGS, add_load_arguments, add_sampling_arguments, emit, load, refuse_flags, sampling
 from apps.cli.flags import INT32_MAX, integer, utf8_text
-from runtime.classifier import DEFAULT_TOP_K
+from runtime.classify.classifier import DEFAULT_TOP_K
 from runtime.errors import BadInput
 
 HELP = "run a model: text from a prompt (LLM, streams) or labels for --input files (vision/audio)"
@@ -32,8 +32,8 @@ CLASSIFIER_ONLY = ("input", "top")
 def main(args: argparse.Namespace) -> int:
     if args.prompt is None and args.input is None:
         raise BadInput("--prompt is missing or empty: give some text to continue (or --input FILE... for a classifier)")
-    from runtime.bundle import ModelKind
-    from runtime.resolve import resolve
+    from runtime.bundle.manifest import ModelKind
+    from runtime.bundle.resolve import resolve
 
     model = resolve(args.model)  # once: a .edgerun file is installed here, and the kind decides which flags apply
     if model.manifest.kind is not ModelKind.LLM:

@@ -34,8 +34,8 @@ def model_entry(text: str):
     import os
 
     from apps.server.config import ModelEntry
-    from runtime.bundle import name_from
-    from runtime.store import check_ref
+    from runtime.bundle.manifest import name_from
+    from runtime.bundle.store import check_ref
 
     name, eq, ref = text.partition("=")
     if not eq:

@@ -7,8 +7,8 @@ from pathlib import Path
 
 from apps.cli.common import print_json
 from apps.cli.terminal import printable
+from runtime.bundle.store import Store, check_pack_out, pack, parse_ref
 from runtime.errors import BadInput
-from runtime.store import Store, check_pack_out, pack, parse_ref
 from runtime.units import fmt_bytes
 
 HELPS = {
@@ -73,7 +73,7 @@ def main(args: argparse.Namespace) -> int:
         current = store.rollback(args.model)
         print_json({"current": current.ref}) if args.json else print(f"{args.model}: current version is now {current.manifest.version}")
     elif cmd == "pack":
-        from runtime.resolve import resolve
+        from runtime.bundle.resolve import resolve
 
         out = Path(args.out)
         check_pack_out(out)  # before resolving, which may build the model

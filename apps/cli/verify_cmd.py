@@ -1,7 +1,7 @@
 """``edgerun verify MODEL``: a full SHA-256 check of every file, whatever the stamps say.
 
 A run hashes a model once and then trusts a stamp while stat() shows its files
-unchanged (runtime/stamps.py). ``verify`` is the forced check: after a restore
+unchanged (runtime/bundle/stamps.py). ``verify`` is the forced check: after a restore
 from backup, on a suspect SD card, or before shipping. A ``.edgerun`` file is
 checked member by member against its manifest without being installed.
 """
@@ -14,9 +14,9 @@ import stat
 from pathlib import Path
 
 from apps.cli.common import print_json
-from runtime.bundle import EXTENSION
-from runtime.resolve import resolve
-from runtime.store import check_transport
+from runtime.bundle.manifest import EXTENSION
+from runtime.bundle.resolve import resolve
+from runtime.bundle.store import check_transport
 
 HELP = "check every file of a model against its SHA-256 now (runs trust a stamp while files are unchanged)"
 

@@ -51,8 +51,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     from apps.voice.plan import DEFAULT_CTX, VoiceModels, open_residency, plan_voice
-    from runtime.plan import default_budget
-    from runtime.residency_loaders import default_loaders
+    from runtime.llm.plan import default_budget
+    from runtime.residency.loaders import default_loaders
 
     wanted = VoiceModels(llm=args.llm, asr=args.asr, tts=args.tts, wake=args.wake_word, ctx=args.ctx or DEFAULT_CTX,
                          threads=args.threads)

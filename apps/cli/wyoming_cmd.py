@@ -44,8 +44,8 @@ def build_service(args: argparse.Namespace):
     and the service over it. Nothing is loaded yet."""
     from apps.voice.wyoming_server import Served, WyomingService
     from runtime.errors import BadInput
-    from runtime.plan import default_budget
-    from runtime.residency import ModelSpec, ResidencyManager
+    from runtime.llm.plan import default_budget
+    from runtime.residency.manager import ModelSpec, ResidencyManager
 
     models = ResidencyManager(args.memory or default_budget())
     options = {"threads": args.threads} if args.threads else {}
@@ -71,7 +71,7 @@ def _speech_served(kind: str, ref: str):
     from wyoming.info import Attribution
 
     from apps.voice.wyoming_server import EDGERUN, Served
-    from runtime.speech_models import DEFAULTS, find_recipe
+    from runtime.speech.models import DEFAULTS, find_recipe
 
     recipe = find_recipe(DEFAULTS[kind] if ref == "default" else ref, kind)
     if recipe is None:  # a folder: named after it
@@ -82,8 +82,8 @@ def _speech_served(kind: str, ref: str):
 
 def _wake_served(ref: str):
     from apps.voice.wyoming_server import EDGERUN, Served
-    from runtime.classifier import read_labels
-    from runtime.resolve import resolve
+    from runtime.bundle.resolve import resolve
+    from runtime.classify.classifier import read_labels
 
     model = resolve(ref)
     manifest = model.manifest

@@ -2,8 +2,8 @@
 
 ``prepare`` turns one part's RGB image into what ``infer`` takes (a BadInput there is that part's corrupt frame,
 not the batch's); ``infer`` runs the whole batch in one model call; ``rule`` applies the policy to one output.
-Classifier bundles preprocess exactly as their manifest says (:mod:`runtime.preprocess`); anomaly detectors
-(:mod:`runtime.anomaly`) take the RGB images and preprocess them themselves, by their manifest.
+Classifier bundles preprocess exactly as their manifest says (:mod:`runtime.classify.preprocess`); anomaly detectors
+(:mod:`runtime.classify.anomaly`) take the RGB images and preprocess them themselves, by their manifest.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from apps.kiosk.policy import Policy, Ruling
-from runtime import preprocess
+from runtime.classify import preprocess
 from runtime.errors import BadInput
 
 
@@ -48,7 +48,7 @@ def _labels(model: Any) -> list[str]:
 
 
 class ClassifierAdapter:
-    """runtime.classifier.Classifier: resize per the manifest per part, normalize + one scores() call per batch."""
+    """runtime.classify.classifier.Classifier: resize per the manifest per part, normalize + one scores() call per batch."""
 
     def check(self, model: Any, policy: Policy) -> None:
         name, _, _ = identity(model)
@@ -67,7 +67,7 @@ class ClassifierAdapter:
 
 
 class AnomalyAdapter:
-    """runtime.anomaly.AnomalyDetector: ``score(images) -> [(score, heatmap)]``; threshold from the bundle unless the
+    """runtime.classify.anomaly.AnomalyDetector: ``score(images) -> [(score, heatmap)]``; threshold from the bundle unless the
     policy sets one."""
 
     def check(self, model: Any, policy: Policy) -> None:

@@ -67,7 +67,7 @@ _EVENTS = "events"  # a record-queue item: write the fault events waiting
 
 
 def residency_name(name: str) -> str:
-    from runtime.store import check_ref
+    from runtime.bundle.store import check_ref
 
     try:
         check_ref(name)
@@ -142,7 +142,7 @@ class Kiosk:
         from apps.kiosk.dashboard import check_bind, load_token
         from apps.kiosk.plc import parse_url
         from apps.kiosk.policy import Policy
-        from runtime.resolve import resolve
+        from runtime.bundle.resolve import resolve
 
         cfg = self.config
         policy = Policy.from_config(cfg.policy)  # everything that can be checked without starting anything first
@@ -169,9 +169,9 @@ class Kiosk:
         from apps.kiosk.retention import Retention
         from apps.kiosk.sources import open_source
         from apps.kiosk.state import Follower, KioskState, board_temperature_c
-        from runtime.plan import default_budget
-        from runtime.residency import ModelSpec, ResidencyManager
-        from runtime.residency_loaders import default_loaders
+        from runtime.llm.plan import default_budget
+        from runtime.residency.loaders import default_loaders
+        from runtime.residency.manager import ModelSpec, ResidencyManager
 
         cfg = self.config
         options = {}

@@ -93,7 +93,7 @@ class AuditWriteError(RuntimeError):
 
 
 def default_db_path() -> Path:
-    from runtime.store import default_root
+    from runtime.bundle.store import default_root
 
     return default_root() / "kiosk" / "audit.db"
 

@@ -2,7 +2,7 @@
 
 The canary's verdicts never reach the PLC: they are compared with the deciding version's, and each disagreement is
 logged and counted, so that an operator promotes (or rolls back) a new version on evidence. The canary runs in
-its own :class:`runtime.batcher.DynamicBatcher`, so it never delays a decision; when its queue is full a part is
+its own :class:`runtime.serving.batcher.DynamicBatcher`, so it never delays a decision; when its queue is full a part is
 skipped (counted), not waited for.
 """
 
@@ -17,9 +17,9 @@ from typing import Any
 from apps.kiosk.adapters import adapter_for, identity
 from apps.kiosk.policy import Policy
 from apps.kiosk.types import Part, Verdict
-from runtime.batcher import DynamicBatcher
 from runtime.errors import BadInput, Cancelled, QueueFull, one_line
-from runtime.residency import ModelSpec, ResidencyManager
+from runtime.residency.manager import ModelSpec, ResidencyManager
+from runtime.serving.batcher import DynamicBatcher
 
 log = logging.getLogger(__name__)
 

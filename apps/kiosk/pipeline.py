@@ -1,8 +1,8 @@
 """Parts in, exactly one :class:`~apps.kiosk.types.Decision` per part out, within a deadline.
 
 ``submit(part)`` never blocks and never raises for a part: the part is queued in a bounded
-:class:`runtime.batcher.DynamicBatcher` or decided at once by the fail-safe. The batcher's worker leases the model
-from the :class:`runtime.residency.ResidencyManager` for each batch, so a batch is decided by one whole, loaded
+:class:`runtime.serving.batcher.DynamicBatcher` or decided at once by the fail-safe. The batcher's worker leases the model
+from the :class:`runtime.residency.manager.ResidencyManager` for each batch, so a batch is decided by one whole, loaded
 version: ``swap()`` loads the new version beside the deciding one and takes effect between batches, and a batch in flight keeps the version
 it leased. A deadline timer gives every part still undecided ``deadline_ms`` after its capture the fail-safe
 decision; a model result that comes later is dropped (counted as ``late``). Decisions go to ``on_decision`` from one
@@ -37,9 +37,9 @@ from apps.kiosk.canary import Canary
 from apps.kiosk.deadlines import DeadlineTimer
 from apps.kiosk.policy import Policy, Ruling
 from apps.kiosk.types import STAGES, Decision, Part, Verdict
-from runtime.batcher import DynamicBatcher
 from runtime.errors import BadInput, Cancelled, DeadlineExceeded, DoesNotFit, QueueFull, one_line
-from runtime.residency import ModelSpec, ResidencyManager
+from runtime.residency.manager import ModelSpec, ResidencyManager
+from runtime.serving.batcher import DynamicBatcher
 
 log = logging.getLogger(__name__)
 
@@ -335,7 +335,7 @@ class Pipeline:
         raise BadInput(f"model {name!r} is not in the residency manager")
 
     def _spec_for(self, ref: str, name: str) -> ModelSpec:
-        from runtime.resolve import resolve
+        from runtime.bundle.resolve import resolve
 
         kind = resolve(ref).manifest.kind.value  # an anomaly bundle may replace a classifier, and back
         spec = self._spec(self._active)

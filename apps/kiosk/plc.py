@@ -310,7 +310,7 @@ class PlcOut:
 
 
 def default_journal_path() -> Path:
-    from runtime.store import default_root
+    from runtime.bundle.store import default_root
 
     return default_root() / "kiosk" / "plc-journal.db"
 

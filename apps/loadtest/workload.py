@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from runtime.errors import BadInput
-from runtime.scheduler import Priority
+from runtime.serving.scheduler import Priority
 
 MAX_PROMPTS_BYTES = 16 * 2**20  # a load test needs variety, not a corpus
 MAX_PROMPTS = 100_000

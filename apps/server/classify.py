@@ -1,10 +1,10 @@
 """POST /v1/classify?model=NAME[&top=K]: an image (Content-Type image/*) or a WAV (audio/wav) body in, labels and
-scores out, through a vision or audio bundle. Requests to one model are batched by runtime.batcher.DynamicBatcher
+scores out, through a vision or audio bundle. Requests to one model are batched by runtime.serving.batcher.DynamicBatcher
 (up to limits.classify_batch items or limits.classify_wait_ms after the first, whichever comes first).
 
 A body is decoded only once it has a place: the batcher's queue for its class has room (else 429) and one of the
 server's limits.decode_slots is free within DECODE_WAIT_S (else 429 with Retry-After; the slots are counted in the memory plan, see
-apps.server.models). An image is decoded at no more than the model needs (runtime.preprocess.load_rgb's ``need``)
+apps.server.models). An image is decoded at no more than the model needs (runtime.classify.preprocess.load_rgb's ``need``)
 and refused with 413 when even that is over limits.max_image_pixels."""
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ from apps.server import openai_api as api
 from apps.server.outcome import Outcome, log_refused
 from apps.server.request import client_of, deadline_of, priority_of, route_model
 from apps.server.security import ApiKey, BodyTooLarge, read_body
-from runtime.batcher import DynamicBatcher
-from runtime.classifier import DEFAULT_TOP_K
+from runtime.classify.classifier import DEFAULT_TOP_K
 from runtime.errors import BadInput, EdgerunError, QueueFull
+from runtime.serving.batcher import DynamicBatcher
 
 WAV_TYPES = ("audio/wav", "audio/x-wav", "audio/wave", "audio/vnd.wave")
 MAX_TOP = 1000
@@ -104,14 +104,14 @@ def decode(body: bytes, kind: str, model: Any, max_pixels: int) -> Any:
         path.write_bytes(body)
         try:
             if kind == "audio":
-                from runtime.audio import load_audio
+                from runtime.classify.audio_frontend import load_audio
 
                 return load_audio(path, model.spec.sample_rate)
-            from runtime.preprocess import load_rgb, needed_side
+            from runtime.classify.preprocess import load_rgb, needed_side
 
             return load_rgb(path, need=needed_side(model.spec), max_pixels=max_pixels)
         except BadInput as exc:
-            from runtime.preprocess import ImageTooLarge
+            from runtime.classify.preprocess import ImageTooLarge
 
             message = str(exc).replace(str(path), "the request body")
             if isinstance(exc, ImageTooLarge):

@@ -55,8 +55,8 @@ from apps.config_fields import size as _size
 from apps.config_fields import strings as _strings
 from apps.config_fields import table as _table
 from apps.config_fields import typed as _typed
+from runtime.bundle.store import check_ref
 from runtime.errors import BadInput
-from runtime.store import check_ref
 
 DEFAULT_PORT = 8080
 DEFAULT_HOST = "127.0.0.1"
@@ -109,7 +109,7 @@ class ServeConfig:
     port: int = DEFAULT_PORT
     memory: int | None = None  # bytes; None: the board profile's default budget
     slots: int = 4
-    speculate: bool = True  # LLM engines draft and verify per slot (runtime/engine.py)
+    speculate: bool = True  # LLM engines draft and verify per slot (runtime/serving/engine.py)
     api_keys_file: Path | None = None
     cors_origins: tuple[str, ...] = ()
     models: list[ModelEntry] = field(default_factory=list)

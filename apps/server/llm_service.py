@@ -1,6 +1,6 @@
 """The LLM as the HTTP layer sees it: a request in, a handle out whose ``aevents()`` yields text, then done or error.
 
-:class:`EngineService` puts requests on runtime.engine.Engine (continuous batching, priorities, deadlines);
+:class:`EngineService` puts requests on runtime.serving.engine.Engine (continuous batching, priorities, deadlines);
 it knows nothing of HTTP.
 """
 
@@ -10,8 +10,8 @@ from collections.abc import Callable
 from typing import Any
 
 from runtime.errors import BadInput
-from runtime.generation import Truncation, answer_room
-from runtime.sampling import SamplingParams
+from runtime.llm.generation import Truncation, answer_room
+from runtime.llm.sampling import SamplingParams
 
 
 def too_long(tokens: int, limit: int, what: str) -> BadInput:
@@ -20,7 +20,7 @@ def too_long(tokens: int, limit: int, what: str) -> BadInput:
 
 
 class EngineService:
-    """Requests onto runtime.engine.Engine."""
+    """Requests onto runtime.serving.engine.Engine."""
 
     def __init__(self, engine: Any) -> None:
         self.engine = engine
@@ -35,7 +35,7 @@ class EngineService:
         and the engine's cut).
         QueueFull when the priority class's queue is full; BadInput for a prompt that does not fit (unless
         ``truncate``). ``interrupt``: called between the renderings that fit a conversation; it raises to stop."""
-        from runtime.engine import GenRequest
+        from runtime.serving.engine import GenRequest
 
         if messages is not None:
             req = self.engine.chat_request(messages, params, interrupt=interrupt, priority=priority, deadline=deadline,

@@ -1,6 +1,6 @@
 """The served models by public name: what kind each is, and a lease on the loaded model while a request uses it.
 
-Loading, eviction and the one memory plan are runtime.residency.ResidencyManager's; this module only turns the
+Loading, eviction and the one memory plan are runtime.residency.manager.ResidencyManager's; this module only turns the
 serve config's [[models]] into its ModelSpecs (finding each model's kind from its bundle) and leases from it.
 """
 
@@ -13,7 +13,7 @@ from typing import Any
 from apps.server.config import ModelEntry, ServeConfig
 from apps.server.openai_api import NotReady
 from runtime.errors import BadInput
-from runtime.residency import ModelSpec, ResidencyManager
+from runtime.residency.manager import ModelSpec, ResidencyManager
 
 log = logging.getLogger(__name__)
 OPTIONS = {"llm": ("slots", "ctx", "threads"), "vision": ("batch", "threads"), "audio": ("threads",)}  # serve.toml's
@@ -29,7 +29,7 @@ def kind_of(entry: ModelEntry) -> str:
     recipe on first use and installs a .edgerun file)."""
     if entry.kind:
         return entry.kind
-    from runtime.resolve import resolve
+    from runtime.bundle.resolve import resolve
 
     return resolve(entry.ref).manifest.kind.value
 
@@ -53,7 +53,7 @@ def spec_of(entry: ModelEntry, kind: str, slots: int, max_queued: int, speculate
 
 class Models:
     def __init__(self, config: ServeConfig, manager: ResidencyManager | None = None) -> None:
-        from runtime.plan import default_budget
+        from runtime.llm.plan import default_budget
 
         self.config = config
         self.manager = manager if manager is not None else ResidencyManager(config.memory or default_budget())
@@ -61,7 +61,7 @@ class Models:
         self.unavailable: dict[str, str] = {}  # name -> why it could not be planned (a rolled-back canary)
 
     def add(self, entry: ModelEntry) -> None:
-        from runtime.preprocess import decode_bytes
+        from runtime.classify.preprocess import decode_bytes
 
         kind, limits = kind_of(entry), self.config.limits
         decode = limits.decode_slots * decode_bytes(limits.max_image_pixels)

@@ -18,11 +18,11 @@ from typing import Any
 from starlette.responses import JSONResponse
 
 from apps.server.security import BodyTooLarge, Forbidden, Unauthorized
-from runtime.chat import MAX_CHAT_CHARS, MAX_MESSAGES, ROLES
 from runtime.errors import BadInput, Cancelled, DeadlineExceeded, DoesNotFit, EdgerunError, QueueFull, one_line
-from runtime.generation import Result, Truncation
-from runtime.safety import Blocked
-from runtime.sampling import check
+from runtime.llm.chat import MAX_CHAT_CHARS, MAX_MESSAGES, ROLES
+from runtime.llm.generation import Result, Truncation
+from runtime.llm.sampling import check
+from runtime.serving.safety import Blocked
 
 SAMPLING_KEYS = ("max_tokens", "temperature", "top_p", "seed", "stop")
 REFUSED = {  # field -> (values that are fine besides null, why another is refused); compared with their JSON types

@@ -11,7 +11,7 @@ from starlette.requests import Request
 from apps.server.openai_api import UnknownModel, check_deadline_ms
 from apps.server.security import ApiKey, check_model_name
 from runtime.errors import BadInput
-from runtime.scheduler import Priority
+from runtime.serving.scheduler import Priority
 
 
 def route_model(state: Any, name: object) -> str:

@@ -20,9 +20,9 @@ from pathlib import Path
 
 from starlette.requests import Request
 
+from runtime.bundle.store import check_ref
 from runtime.errors import BadInput
-from runtime.scheduler import Priority
-from runtime.store import check_ref
+from runtime.serving.scheduler import Priority
 
 MIN_KEY_CHARS = 16  # a key shorter than this is guessable; refused when the file is read
 DEFAULT_KEY_PRIORITY = Priority.INTERACTIVE

@@ -19,8 +19,8 @@ from apps.server.metrics import ServerMetrics
 from apps.server.models import Models
 from apps.server.security import ApiKeys, load_keys
 from runtime.errors import EdgerunError, one_line
-from runtime.result_cache import ResultCache
-from runtime.safety import Blocklist, FilterChain, RegexFilter, SizeLimit
+from runtime.serving.result_cache import ResultCache
+from runtime.serving.safety import Blocklist, FilterChain, RegexFilter, SizeLimit
 
 log = logging.getLogger(__name__)
 COUNTERS = ("prefix_hits", "prefix_misses", "spec_drafted", "spec_accepted")  # an engine's cumulative counts

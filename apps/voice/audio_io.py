@@ -1,7 +1,7 @@
 """Audio in and out of the assistant: a WAV file or a microphone in, a WAV file or a speaker out.
 
 Input comes out as :class:`~apps.voice.types.AudioChunk` frames of FRAME_SAMPLES at SAMPLE_RATE. A WAV file is read
-by runtime.audio (checked: one BadInput line for a file that is not PCM WAV), resampled from another rate with a
+by runtime.classify.audio_frontend (checked: one BadInput line for a file that is not PCM WAV), resampled from another rate with a
 log line, refused below MIN_INPUT_RATE (too little of the speech band left to recognize); a clipped recording is
 used as is with a warning. It is followed by TAIL_SILENCE_S of silence so the last utterance ends, and paced in real
 time unless ``realtime`` is False. The microphone (PortAudio through sounddevice, imported only here) is opened at
@@ -40,7 +40,7 @@ class WavSource:
     """A WAV file as input frames."""
 
     def __init__(self, path: Path | str, *, realtime: bool = True, tail_silence_s: float = TAIL_SILENCE_S) -> None:
-        from runtime.audio import load_audio, wav_info
+        from runtime.classify.audio_frontend import load_audio, wav_info
 
         self.path = Path(path)
         info = wav_info(self.path)  # BadInput naming the file for anything but PCM WAV
@@ -171,7 +171,7 @@ class WavSink:
         self._stop = threading.Event()
 
     def write(self, chunk: AudioChunk) -> None:
-        from runtime.resample import resample
+        from runtime.speech.resample import resample
 
         if self._w is None:
             self.rate = chunk.rate

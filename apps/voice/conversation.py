@@ -1,7 +1,7 @@
 """Conversation memory across voice turns, inside the LLM's bounded context.
 
-Each turn is one :class:`~runtime.engine.GenRequest` at ``Priority.URGENT`` (a voice turn jumps ahead of batch work
-on a shared engine), built by :meth:`runtime.engine.Engine.chat_request`: when the conversation no longer fits a
+Each turn is one :class:`~runtime.serving.engine.GenRequest` at ``Priority.URGENT`` (a voice turn jumps ahead of batch work
+on a shared engine), built by :meth:`runtime.serving.engine.Engine.chat_request`: when the conversation no longer fits a
 slot the oldest exchanges are dropped, never the system prompt (``n_keep``), and the drop is reported; a context
 shift during generation is reported in the result. Dropped exchanges leave the memory here too, so it stays
 bounded. An answer cut short by barge-in is remembered as far as it was heard (the sentences whose audio started playing).
@@ -14,9 +14,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from runtime.engine import Engine, GenHandle
-from runtime.generation import Truncation
-from runtime.scheduler import Priority
+from runtime.llm.generation import Truncation
+from runtime.serving.engine import Engine, GenHandle
+from runtime.serving.scheduler import Priority
 
 log = logging.getLogger(__name__)
 

@@ -20,13 +20,13 @@ from apps.voice.plan import ESPEAK
 from apps.voice.types import SAMPLE_RATE
 from apps.voice.wake import WakeStream
 from runtime.errors import BadInput
-from runtime.residency import ResidencyManager
+from runtime.residency.manager import ResidencyManager
 
 log = logging.getLogger(__name__)
 
 WAKE_HOP_FRAMES = 5  # score every 160 ms (openWakeWord steps 80 ms; a wake word lasts ~0.6 s)
 ASR_PARTIAL_EVERY_S = 1.5  # a partial transcript per 1.5 s of speech: bounded CPU on a 2-core board
-# The transcript is decoded after this much quiet following speech (runtime.asr.StreamingTranscriber's pause_s), while
+# The transcript is decoded after this much quiet following speech (runtime.speech.asr.StreamingTranscriber's pause_s), while
 # the VAD waits out its 0.48 s hangover: ready when the end of speech is confirmed, not a decode later.
 ASR_PAUSE_S = 0.16
 
@@ -75,7 +75,7 @@ class _Recognizer:
 def leased_models(manager: ResidencyManager, *, tts: str, wake: str | None) -> Iterator[Models]:
     """The pipeline's models from ``manager`` (specs named as apps.voice.plan names them), leased for the block;
     loading them all first, so a load failure is one line before the session starts."""
-    from runtime.vad import SpeechSegmenter
+    from runtime.speech.vad import SpeechSegmenter
 
     with contextlib.ExitStack() as stack:
         names = {s.name for s in manager.specs()}
@@ -83,7 +83,7 @@ def leased_models(manager: ResidencyManager, *, tts: str, wake: str | None) -> I
         asr = stack.enter_context(manager.acquire("asr"))
         stack.enter_context(manager.acquire("llm"))  # loaded now; each turn takes its own lease
         if tts == ESPEAK:
-            from runtime.tts import EspeakTTS
+            from runtime.speech.tts import EspeakTTS
 
             voice: Any = EspeakTTS()
         else:

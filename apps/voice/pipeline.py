@@ -55,26 +55,26 @@ class WakeWord(Protocol):
     def reset(self) -> None: ...
 
 
-class Vad(Protocol):  # runtime.vad.SpeechSegmenter
+class Vad(Protocol):  # runtime.speech.vad.SpeechSegmenter
     def feed(self, samples: np.ndarray) -> list[Any]:
         """Feed 16 kHz audio; the events it completed, each with ``kind`` "start" or "end" (after a hangover)."""
 
     def reset(self) -> None: ...
 
 
-class Transcriber(Protocol):  # runtime.asr.StreamingTranscriber
+class Transcriber(Protocol):  # runtime.speech.asr.StreamingTranscriber
     def feed(self, samples: np.ndarray) -> str | None:
         """More 16 kHz audio of the utterance; a partial transcript when one was decoded, else None."""
 
     def finish(self) -> Any:
-        """The final transcript of the utterance: a str, or an object with ``text`` (runtime.asr.Transcript)."""
+        """The final transcript of the utterance: a str, or an object with ``text`` (runtime.speech.asr.Transcript)."""
 
 
 class Recognizer(Protocol):
     def stream(self) -> Transcriber: ...
 
 
-class Voice(Protocol):  # runtime.tts.PiperTTS / EspeakTTS
+class Voice(Protocol):  # runtime.speech.tts.PiperTTS / EspeakTTS
     def speak(self, text: str) -> Iterator[Any]:
         """Chunks with ``samples`` (float32 mono -1..1) and ``rate``, as they are made."""
 
@@ -87,7 +87,7 @@ class Sink(Protocol):
     def close(self) -> None: ...
 
 
-EngineLease = Callable[[], ContextManager[Any]]  # `with lease() as engine:` a runtime.engine.Engine
+EngineLease = Callable[[], ContextManager[Any]]  # `with lease() as engine:` a runtime.serving.engine.Engine
 
 
 @dataclass

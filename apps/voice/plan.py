@@ -1,11 +1,11 @@
 """The one memory plan of the voice assistant: every resident model, planned before anything loads.
 
 The models (wake word, VAD, ASR, the LLM with its bounded KV cache, TTS) are planned by the residency manager's own
-loaders (runtime.residency_loaders), each against the whole budget, and summed as the manager sums them: each
+loaders (runtime.residency.loaders), each against the whole budget, and summed as the manager sums them: each
 model's own memory, each library's runtime term once (llama.cpp, ONNX Runtime, CTranslate2...), plus the budget's
 5 % reserve. When the sum passes the budget the assistant does not start: DoesNotFit names the model to shrink,
 the largest one's own memory, and by how much. When it fits, :func:`open_residency` registers the same specs,
-pinned, in a :class:`~runtime.residency.ResidencyManager`, which checks the same sum again.
+pinned, in a :class:`~runtime.residency.manager.ResidencyManager`, which checks the same sum again.
 
 espeak-ng (the fallback voice) is a subprocess: it holds no memory of this process and is not in the plan.
 
@@ -16,9 +16,9 @@ peak without counting anything twice:
   extends the last one, so the live KV cache already serves it; a saved prefix state would never be used, and would
   hold up to the planner's default bound (64 MiB) of copies of that KV cache in a long session;
 * the wake word is planned as the assistant runs it (:class:`WakeLoader`): a few windows scored each 160 ms hop, not
-  ``edgerun classify``'s 30 s segments, and its libraries as the speech models' are (runtime.speech_models): what
+  ``edgerun classify``'s 30 s segments, and its libraries as the speech models' are (runtime.speech.models): what
   importing and starting them adds to the assistant's process, whose interpreter, numpy and edgerun are the LLM's
-  runtime term already. A library's classifier term (runtime.vision_plan) is measured over a bare numpy process,
+  runtime term already. A library's classifier term (runtime.classify.plan) is measured over a bare numpy process,
   so it holds them once more.
 """
 
@@ -30,8 +30,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from runtime.errors import DoesNotFit
-from runtime.plan import RESERVE_FRACTION
-from runtime.residency import ModelSpec, ResidencyManager, summed_bytes
+from runtime.llm.plan import RESERVE_FRACTION
+from runtime.residency.manager import ModelSpec, ResidencyManager, summed_bytes
 from runtime.units import fmt_bytes
 
 log = logging.getLogger(__name__)
@@ -71,7 +71,7 @@ class VoiceModels:
 
 
 class WakeLoader:
-    """kind "wake": an openWakeWord detector bundle (runtime.audio_classifier.AudioClassifier) as the assistant's
+    """kind "wake": an openWakeWord detector bundle (runtime.classify.audio_classifier.AudioClassifier) as the assistant's
     detector runs it (apps/voice/models.py): its files, its front end's arena, the head's arena for the windows one
     hop scores, and its libraries' terms over the assistant's process (module docstring). Options: threads."""
 
@@ -84,11 +84,11 @@ class WakeLoader:
 
     def plan_bytes(self, spec: ModelSpec, budget: int) -> int:
         from devices.backends import BackendName
-        from runtime.bundle import ModelKind
+        from runtime.bundle.manifest import ModelKind
+        from runtime.bundle.resolve import resolve
+        from runtime.classify.plan import plan_classifier
         from runtime.errors import BadInput
-        from runtime.resolve import resolve
-        from runtime.speech_models import ORT_RUNTIME_BYTES
-        from runtime.vision_plan import plan_classifier
+        from runtime.speech.models import ORT_RUNTIME_BYTES
 
         bad = sorted(set(spec.options) - {"threads"})
         if bad:
@@ -111,7 +111,7 @@ class WakeLoader:
         return self._plans[self._key(spec)][1]
 
     def load(self, spec: ModelSpec, budget: int) -> Any:
-        from runtime.audio_classifier import AudioClassifier
+        from runtime.classify.audio_classifier import AudioClassifier
 
         if self._key(spec) not in self._plans:
             self.plan_bytes(spec, budget)
@@ -134,7 +134,7 @@ def hop_windows() -> int:
 def voice_loaders(loaders: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """``loaders`` (default: the residency manager's) with the assistant's wake-word loader."""
     if loaders is None:
-        from runtime.residency_loaders import default_loaders
+        from runtime.residency.loaders import default_loaders
 
         loaders = default_loaders()
     return loaders if "wake" in loaders else {**loaders, "wake": WakeLoader()}

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 
-MAX_CHARS = 100  # about 6 s of speech: the longest piece held back; runtime.tts.MAX_PIECE_CHARS, so Piper takes it whole
+MAX_CHARS = 100  # about 6 s of speech: the longest piece held back; runtime.speech.tts.MAX_PIECE_CHARS, so Piper takes it whole
 
 _END = re.compile(r"[.!?…。！？]+[\"')\]»”’]*(?:\s+|\Z)|\n+")
 _CLAUSE = re.compile(r"[,;:，；：]\s+")

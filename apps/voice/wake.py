@@ -2,7 +2,7 @@
 (:class:`apps.voice.models.WakeWordDetector`) and the Wyoming server's ``detect`` requests.
 
 openWakeWord's front end turns audio into mel frames (10 ms) and a speech embedding over 76 frames; its heads score 16
-embeddings 8 frames (80 ms) apart. On a whole clip (:meth:`runtime.audio.OpenWakeWordFrontEnd.windows`) those windows
+embeddings 8 frames (80 ms) apart. On a whole clip (:meth:`runtime.classify.audio_frontend.OpenWakeWordFrontEnd.windows`) those windows
 sit on one 80 ms grid, and on a live stream the grid falls wherever the stream happened to start. The heads are not
 equally sure at every offset of that grid: a stream that started 30 ms later hears the same espeak-ng "Alexa" at
 0.25 instead of 0.99 (a Piper voice: 0.996 at every offset), so a turn was heard or missed by the accident of when the
@@ -27,7 +27,15 @@ from typing import Any
 
 import numpy as np
 
-from runtime.audio import OWW_EMBEDDINGS, OWW_FFT_SAMPLES, OWW_HOP_SAMPLES, OWW_MEL_STEP, OWW_MEL_WINDOW, OWW_TAIL_SECONDS, FrontEnd
+from runtime.classify.audio_frontend import (
+    OWW_EMBEDDINGS,
+    OWW_FFT_SAMPLES,
+    OWW_HOP_SAMPLES,
+    OWW_MEL_STEP,
+    OWW_MEL_WINDOW,
+    OWW_TAIL_SECONDS,
+    FrontEnd,
+)
 from runtime.errors import BadInput
 
 PHASES = 8  # interleaved 80 ms grids scored (1, 2, 4 or 8): an embedding every 10 ms (every mel frame)
@@ -38,7 +46,7 @@ REFRACTORY_S = 2.0
 PRIME_FRAMES = 8  # mel frames (80 ms) a (re)started stream hears before its background is taken from them (_prime)
 MAX_STEP_SAMPLES = 2560  # audio scored in one step (160 ms at 16 kHz: 16 mel frames, so 2 x PHASES windows)
 # The whole-clip front end's grid, in this stream's frames (its clip is padded with OWW_MIN_SAMPLES of silence in front):
-# with phases=1 the stream scores exactly the windows runtime.audio computes on the clip.
+# with phases=1 the stream scores exactly the windows runtime.classify.audio_frontend computes on the clip.
 _ALIGN = OWW_MEL_STEP - 1
 _SPAN = OWW_EMBEDDINGS - 1  # embeddings before the newest one in a head's window
 # Silence, as the stream hears it: a -100 dBFS hiss, below any microphone's own noise. openWakeWord's mel model clips
@@ -54,7 +62,7 @@ class Hit:
 
 
 class WakeStream:
-    """One stream's wake-word state for an openWakeWord detector bundle (runtime.audio_classifier.AudioClassifier).
+    """One stream's wake-word state for an openWakeWord detector bundle (runtime.classify.audio_classifier.AudioClassifier).
 
     ``feed(classifier, samples)`` takes float samples (-1..1) at the bundle's rate as they arrive and returns the
     detections completed by them; ``final=True`` (the stream's end) adds the front end's silent tail, so that a word

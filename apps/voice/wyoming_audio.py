@@ -3,7 +3,7 @@ calls and audio conversion run in.
 
 :class:`SpeechBuffer` converts each chunk, as it arrives, to what the speech-to-text model hears: 16-bit mono at
 :data:`apps.voice.types.SAMPLE_RATE`. Width and channels go through the ``wyoming`` package's converter; another
-rate through :class:`runtime.resample.Resampler`, the band-limited resampler of every other edgerun input, chunk by
+rate through :class:`runtime.speech.resample.Resampler`, the band-limited resampler of every other edgerun input, chunk by
 chunk. What a connection holds is then its audio at 16 kHz (32 KB a second: 1.9 MB for 60 s) and the resampler's
 window (1.5 s at the input's rate: 2.3 MB at 384 kHz), where it used to hold the input's rate until audio-stop (46 MB
 for 60 s at 384 kHz) and resample the whole request there, on the event loop.
@@ -26,11 +26,11 @@ import numpy as np
 from wyoming.audio import AudioChunk, AudioChunkConverter
 
 from apps.voice.types import SAMPLE_RATE
-from runtime.resample import Resampler
+from runtime.speech.resample import Resampler
 
 T = TypeVar("T")
 # The resampler's chunk for a stream: its window (chunk and two 0.5 s margins) is what a connection holds between
-# chunks, and one window's FFT the working memory of a conversion (runtime.resample.working_bytes: 28 MB at 384 kHz
+# chunks, and one window's FFT the working memory of a conversion (runtime.speech.resample.working_bytes: 28 MB at 384 kHz
 # with 0.5 s, 57 MB with the 2 s of whole files); the margins, which set the accuracy, are the same.
 STREAM_CHUNK_SECONDS = 0.5
 

@@ -2,7 +2,7 @@
 
 One server answers, on one port, what Home Assistant's Wyoming integration asks of the separate
 wyoming-faster-whisper, wyoming-piper and wyoming-openwakeword services, from the models that one
-:class:`runtime.residency.ResidencyManager` holds under one memory plan:
+:class:`runtime.residency.manager.ResidencyManager` holds under one memory plan:
 
 * ``describe`` -> ``info`` naming the served ``asr``, ``tts`` and ``wake`` programs and their models;
 * ``transcribe``, ``audio-start``, ``audio-chunk``..., ``audio-stop`` -> ``transcript``;
@@ -61,9 +61,9 @@ from apps.voice.wake import WakeStream
 from apps.voice.wyoming_audio import SpeechBuffer, Workers
 from apps.voice.wyoming_reader import CheckedReader
 from runtime.errors import BadInput, EdgerunError, one_line
-from runtime.resample import resample
-from runtime.tts import MAX_CHARS as TTS_MAX_CHARS
-from runtime.wav import MAX_RATE, MIN_RATE
+from runtime.formats.wav import MAX_RATE, MIN_RATE
+from runtime.speech.resample import resample
+from runtime.speech.tts import MAX_CHARS as TTS_MAX_CHARS
 
 log = logging.getLogger(__name__)
 
@@ -199,7 +199,7 @@ class WyomingService:
             return [hit.at_s for hit in listener.feed(detector, samples, final=final)]
 
 
-# -- the speech models (runtime.asr.ASR, runtime.tts voices): the two calls the server makes ---------------------------------
+# -- the speech models (runtime.speech.asr.ASR, runtime.speech.tts voices): the two calls the server makes ---------------------------------
 
 def _asr_text(asr: Any, samples: np.ndarray) -> str:
     result = asr.transcribe(samples)
@@ -208,7 +208,7 @@ def _asr_text(asr: Any, samples: np.ndarray) -> str:
 
 
 def _tts_pieces(tts: Any, text: str) -> Iterator[tuple[np.ndarray, int]]:
-    for chunk in tts.speak(text):  # runtime.tts: a SpeechChunk per sentence
+    for chunk in tts.speak(text):  # runtime.speech.tts: a SpeechChunk per sentence
         yield np.asarray(chunk.samples, np.float32), int(chunk.rate)
 
 

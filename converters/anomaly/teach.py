@@ -1,7 +1,7 @@
 """Teach an anomaly bundle from images of good parts (PatchCore), optionally tuned by defective ones.
 
 Steps, all under a temporary directory beside ``out`` (removed on any failure; the bundle appears by one rename,
-runtime.store.publish through converters.classifier.package):
+runtime.bundle.store.publish through converters.classifier.package):
 
 1. the good images are split: every :data:`HOLD_OUT_EVERY`-th is held out to calibrate the threshold, the
    rest teach (they calibrate INT8 and fill the memory bank);
@@ -42,11 +42,11 @@ from converters.vision import gate
 from converters.vision.calib import IMAGE_SUFFIXES, MIN_CALIBRATION
 from converters.vision.recipes import Format, QuantScheme, Rounding
 from converters.vision.source import Source, SourceKind
-from runtime.anomaly import inner, nearest_distances, pooled
-from runtime.bundle import Layout, ModelKind, ResizeMode, VisionSpec, name_from
+from runtime.bundle.manifest import Layout, ModelKind, ResizeMode, VisionSpec, name_from
+from runtime.bundle.specs.anomaly import AnomalySpec
+from runtime.classify.anomaly import inner, nearest_distances, pooled
+from runtime.classify.preprocess import load_rgb, normalize, resize_rgb
 from runtime.errors import BadInput, QualityGateFailed
-from runtime.preprocess import load_rgb, normalize, resize_rgb
-from runtime.specs.anomaly import AnomalySpec
 
 log = logging.getLogger(__name__)
 HOLD_OUT_EVERY = 4  # good images 3, 7, 11, ... (25 %) calibrate the threshold and never teach

@@ -1,7 +1,7 @@
 """Audio calibration and evaluation sets: a folder of WAVs through the bundle's own front end, or an .npz of ready windows.
 
 Every file is read and resampled to the model's rate and cut into the windows the runtime will feed
-(:mod:`runtime.audio`); WAVs in subfolders are labelled by the subfolder's name. Without ``--eval``, every fifth
+(:mod:`runtime.classify.audio_frontend`); WAVs in subfolders are labelled by the subfolder's name. Without ``--eval``, every fifth
 file goes to the gate whole (:func:`hold_out`), and a labelled file is judged by its best window
 (:func:`clip_accuracy`).
 """
@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from converters.vision.calib import HOLD_OUT_EVERY, MIN_CALIBRATION
-from runtime.audio import load_audio, wav_files
+from runtime.classify.audio_frontend import load_audio, wav_files
 from runtime.errors import BadInput
 
 

@@ -22,8 +22,8 @@ from converters.vision.calib import HOLD_OUT_EVERY
 from converters.vision.gate import GateReport, run_gate
 from converters.vision.recipes import Choice
 from converters.vision.source import Source
-from runtime.audio import FrontEnd
-from runtime.bundle import AudioSpec, ModelKind
+from runtime.bundle.manifest import AudioSpec, ModelKind
+from runtime.classify.audio_frontend import FrontEnd
 
 
 @dataclass(frozen=True)
@@ -75,10 +75,10 @@ class AudioFront:
 
 
 def frontend_arena(kind: FrontEnd, files: list[Path], work: Path) -> int:
-    """The front end's activation peak per call, at the chunk sizes runtime.audio uses (for the memory plan)."""
+    """The front end's activation peak per call, at the chunk sizes runtime.classify.audio_frontend uses (for the memory plan)."""
     if kind is not FrontEnd.OPENWAKEWORD:
         return 0
-    from runtime.audio import OWW_EMBEDDING_BATCH, OWW_FFT_SAMPLES, OWW_HOP_SAMPLES, OWW_MEL_CHUNK_FRAMES, OWW_MEL_WINDOW
+    from runtime.classify.audio_frontend import OWW_EMBEDDING_BATCH, OWW_FFT_SAMPLES, OWW_HOP_SAMPLES, OWW_MEL_CHUNK_FRAMES, OWW_MEL_WINDOW
 
     mel = onnx_peak_bytes(files[0], [1, (OWW_MEL_CHUNK_FRAMES - 1) * OWW_HOP_SAMPLES + OWW_FFT_SAMPLES], work)
     return mel + onnx_peak_bytes(files[1], [OWW_EMBEDDING_BATCH, OWW_MEL_WINDOW, 32, 1], work)

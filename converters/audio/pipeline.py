@@ -1,6 +1,6 @@
 """One audio conversion: the source, its front end and the clip sets, handed to the classifier core.
 
-Calibration and evaluation WAVs go through the bundle's own front end (:mod:`runtime.audio`: read, resample to
+Calibration and evaluation WAVs go through the bundle's own front end (:mod:`runtime.classify.audio_frontend`: read, resample to
 the model's rate, windows; :mod:`converters.audio.clips`), so the quantizer sees exactly what the runtime will
 feed; an .npz of ready windows (``x``) is taken as it is. :func:`convert` passes them as a
 :class:`converters.audio.front.AudioFront` to :func:`converters.classifier.core.convert`, which quantizes, gates
@@ -20,8 +20,8 @@ from converters.classifier.core import Result, check_output
 from converters.vision.calib import MAX_CALIBRATION
 from converters.vision.recipes import Format
 from converters.vision.source import Source, SourceKind, load_source
-from runtime.audio import FrontEnd, open_frontend
-from runtime.bundle import AudioSpec
+from runtime.bundle.manifest import AudioSpec
+from runtime.classify.audio_frontend import FrontEnd, open_frontend
 from runtime.errors import BadInput
 
 
@@ -48,7 +48,7 @@ def convert(opts: Options) -> Result:
             raise BadInput(f"{f}: no such front-end model file")
     labels = source.labels
     if opts.labels is not None:
-        from runtime.preprocess import read_labels
+        from runtime.classify.preprocess import read_labels
 
         labels = read_labels(opts.labels)
     shape = _input_shape(source, kind, files)
@@ -83,7 +83,7 @@ def _source(opts: Options) -> tuple[Source, FrontEnd, list[Path], int]:
 
 def _input_shape(source: Source, kind: FrontEnd, files: list[Path]) -> tuple[int, ...]:
     if kind is FrontEnd.OPENWAKEWORD:
-        from runtime.audio import OWW_EMBEDDING_SIZE, OWW_EMBEDDINGS
+        from runtime.classify.audio_frontend import OWW_EMBEDDING_SIZE, OWW_EMBEDDINGS
 
         return (OWW_EMBEDDINGS, OWW_EMBEDDING_SIZE)
     if source.kind is SourceKind.ONNX:

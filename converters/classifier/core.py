@@ -7,7 +7,7 @@ The rest is this module's: the float and quantized models (:mod:`converters.clas
 report fields, the gate's verdict, and the bundle (:mod:`converters.classifier.package`).
 
 Everything is written under a temporary directory beside ``--out`` and becomes visible only at the end, by one
-rename (bundle directory) or by :func:`runtime.store.pack` (``.edgerun`` file, itself temp + rename). Any failure,
+rename (bundle directory) or by :func:`runtime.bundle.store.pack` (``.edgerun`` file, itself temp + rename). Any failure,
 including a failed accuracy gate (:class:`runtime.errors.QualityGateFailed`, exit 7), removes the temporary
 directory: nothing is left behind.
 """
@@ -27,7 +27,7 @@ from converters.classifier.quantize import build_quantized
 from converters.vision.gate import GateReport
 from converters.vision.recipes import Choice, Format, QuantScheme, Rounding
 from converters.vision.source import Source
-from runtime.bundle import Manifest, ModelKind
+from runtime.bundle.manifest import Manifest, ModelKind
 from runtime.errors import BadInput, QualityGateFailed
 
 

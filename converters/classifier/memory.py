@@ -13,7 +13,7 @@ def arena_bytes(backend: Any, float_path: Path, ext: str) -> int:
 
     TFLite: every non-constant tensor (an upper bound: measured peak RSS came out 0.6-0.8x of the plan; the peak
     of tensors alive at once under-counted it, XNNPACK keeping packed weights and workspaces besides).
-    ONNX: the peak of tensors alive at once (runtime.vision_plan.peak_live_bytes) over ORT's own basic-optimized
+    ONNX: the peak of tensors alive at once (runtime.classify.plan.peak_live_bytes) over ORT's own basic-optimized
     graph at batch 1, where every shape is known (the exported graph can compute pads from shapes at run time).
     """
     if ext == "tflite":
@@ -27,7 +27,7 @@ def onnx_peak_bytes(path: Path, shape: list[int] | None, work: Path) -> int:
     import onnxruntime
     from onnx import helper
 
-    from runtime.vision_plan import peak_live_bytes
+    from runtime.classify.plan import peak_live_bytes
 
     model = onnx.load(str(path))
     for value in model.graph.input:

@@ -13,9 +13,9 @@ from converters.vision import gate
 from converters.vision.recipes import Format
 from converters.vision.source import Source
 from devices.backends import for_format
-from runtime.bundle import FileEntry, Manifest, ModelKind, check_name, check_version
+from runtime.bundle.manifest import FileEntry, Manifest, ModelKind, check_name, check_version
+from runtime.bundle.store import publish
 from runtime.files import sha256_file
-from runtime.store import publish
 
 
 def write_extras(bundle: Path, files: list[tuple[str, Path]], labels: list[str] | None, data: dict[str, Any],
@@ -45,6 +45,6 @@ def make_manifest(kind: ModelKind, fmt: Format, name: str, version: str, files: 
 
 
 def package(bundle: Path, manifest: Manifest, out: Path) -> None:
-    """Write the manifest into the finished ``bundle`` directory and publish it at ``out`` (runtime.store.publish)."""
+    """Write the manifest into the finished ``bundle`` directory and publish it at ``out`` (runtime.bundle.store.publish)."""
     (bundle / "manifest.json").write_bytes(manifest.to_json())
     publish(bundle, out)

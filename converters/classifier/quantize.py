@@ -20,7 +20,7 @@ from converters.vision import calib as calibration
 from converters.vision import gate
 from converters.vision.recipes import Choice, Format, QuantScheme, Rounding, choose
 from converters.vision.source import Source, SourceKind
-from runtime.preprocess import log_softmax
+from runtime.classify.preprocess import log_softmax
 
 log = logging.getLogger(__name__)
 # An equalized INT8 candidate replaces the model as is only below this fraction of its calibration KL: on

@@ -4,7 +4,7 @@
 as well as an F16 one. The token embedding and output matrices are quantized to the same type as the rest
 (llama.cpp would otherwise keep them at q6_K/q8_0): in a small model they are a third of the bytes each token
 reads, and a draft is there to be cheap, not exact; the target checks every token it proposes. The draft keeps
-the target's vocabulary and tokenizer metadata unchanged, which runtime/draft.py checks when it is attached::
+the target's vocabulary and tokenizer metadata unchanged, which runtime/llm/draft.py checks when it is attached::
 
     edgerun convert draft default --out smollm2-draft-q4_0.gguf      # a file, attached with --draft
     edgerun run default --draft smollm2-draft-q4_0.gguf --prompt "..."
@@ -26,7 +26,7 @@ from converters.llm.options import Quant
 from runtime.errors import BackendError, BadInput, missing
 
 if TYPE_CHECKING:
-    from runtime.resolve import ResolvedModel
+    from runtime.bundle.resolve import ResolvedModel
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +79,7 @@ def bundle_with_draft(model: ResolvedModel, out: Path, quant: Quant = Quant.Q4_0
     """Write the bundle directory ``out``: ``model``'s files, its draft (:func:`make_draft`) as ``draft.gguf``, and
     a manifest naming it in ``llm.draft`` (version ``<version>+draft-<quant>``), so that loading the bundle loads the
     draft too. ``out`` must not exist; nothing is left under its name if any step fails."""
-    from runtime.bundle import MANIFEST, FileEntry
+    from runtime.bundle.manifest import MANIFEST, FileEntry
     from runtime.files import sha256_file
 
     manifest = model.manifest

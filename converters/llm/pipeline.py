@@ -24,12 +24,12 @@ from converters.llm.loadcheck import check_loads
 from converters.llm.options import ConvertOptions, Quant
 from converters.llm.quality import DEFAULT_TEXT, QualityReport, evaluate, plot_kl, require_plotting
 from converters.llm.quantize import quantize
-from runtime.bundle import FileEntry, Manifest, check_name, check_version, name_from
+from runtime.bundle.manifest import FileEntry, Manifest, check_name, check_version, name_from
+from runtime.bundle.recipes import WEIGHTS_FILE, llm_manifest
+from runtime.bundle.store import publish
 from runtime.errors import BadInput, QualityGateFailed
 from runtime.files import sha256_file
-from runtime.gguf_file import read_gguf
-from runtime.recipes import WEIGHTS_FILE, llm_manifest
-from runtime.store import publish
+from runtime.formats.gguf_file import read_gguf
 
 log = logging.getLogger(__name__)
 REPORT_FILE = "quality.json"

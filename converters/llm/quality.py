@@ -29,8 +29,8 @@ import numpy as np
 
 from converters.llm.native_log import native_output_to_log
 from converters.llm.progress import Progress
+from runtime.classify.preprocess import log_softmax
 from runtime.errors import BackendError, BadInput, missing
-from runtime.preprocess import log_softmax
 
 log = logging.getLogger(__name__)
 ROW_BLOCK = 32  # rows of logits turned into float64 log-probs at a time

@@ -1,6 +1,6 @@
 """Calibration and evaluation sets: image folders or .npz arrays, turned into float model inputs.
 
-Images go through :func:`runtime.preprocess.image_tensor` with the bundle's own
+Images go through :func:`runtime.classify.preprocess.image_tensor` with the bundle's own
 spec, so calibration sees what the runtime will feed. An evaluation folder may
 hold its images in subfolders named by label (a label from the labels file, or
 a class index); those give accuracy against labels. A capped folder is sampled
@@ -16,9 +16,9 @@ from pathlib import Path
 
 import numpy as np
 
-from runtime.bundle import VisionSpec
+from runtime.bundle.manifest import VisionSpec
+from runtime.classify.preprocess import image_tensor, load_rgb
 from runtime.errors import BadInput
-from runtime.preprocess import image_tensor, load_rgb
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff")
 MIN_CALIBRATION, MAX_CALIBRATION = 8, 500

@@ -19,7 +19,7 @@ from converters.vision import calib as calibration
 from converters.vision.gate import GateReport, compare, run_gate
 from converters.vision.recipes import Choice, QuantScheme
 from converters.vision.source import Source
-from runtime.bundle import Layout, ModelKind, VisionSpec
+from runtime.bundle.manifest import Layout, ModelKind, VisionSpec
 
 
 @dataclass(frozen=True)

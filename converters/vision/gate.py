@@ -34,9 +34,9 @@ from devices.backends import for_format
 from devices.placement import cpu_placement
 from runtime.backends import open_backend
 from runtime.backends.base import ClassifierBackend, TensorInfo
-from runtime.bundle import TensorQuant
-from runtime.classifier import time_calls
-from runtime.preprocess import dequantize, quantize
+from runtime.bundle.manifest import TensorQuant
+from runtime.classify.classifier import time_calls
+from runtime.classify.preprocess import dequantize, quantize
 
 LATENCY_RUNS = 20
 # The default gate (default_checks), set from what was measured on bench/vision.py's 200 images (docs/benchmarks.md,
@@ -303,7 +303,7 @@ def plot(report: GateReport, ref: np.ndarray, test: np.ndarray, title: str, out:
         import matplotlib.pyplot as plt
     except ModuleNotFoundError:
         return False
-    from runtime.preprocess import softmax
+    from runtime.classify.preprocess import softmax
 
     if ref.shape[1] == 1:  # a detector: its scores, and the same decision at 0.5
         x, y = ref[:, 0], test[:, 0]

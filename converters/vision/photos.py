@@ -23,7 +23,7 @@ class Photo:
 
 
 def _read(path: Path) -> np.ndarray:
-    from runtime.preprocess import load_rgb
+    from runtime.classify.preprocess import load_rgb
 
     return load_rgb(path)
 

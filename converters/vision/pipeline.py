@@ -19,7 +19,7 @@ from converters.vision import calib as calibration
 from converters.vision.front import VisionFront
 from converters.vision.recipes import Format
 from converters.vision.source import Source, SourceKind, load_source
-from runtime.bundle import ColorOrder, Layout, ResizeMode, VisionSpec
+from runtime.bundle.manifest import ColorOrder, Layout, ResizeMode, VisionSpec
 from runtime.errors import BadInput
 
 
@@ -60,7 +60,7 @@ def convert(opts: Options) -> Result:
 
 def calibration_labels(opts: Options, source: Source) -> list[str] | None:
     if opts.labels is not None:
-        from runtime.preprocess import read_labels
+        from runtime.classify.preprocess import read_labels
 
         return read_labels(opts.labels)
     return source.labels

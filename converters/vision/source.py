@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from runtime.bundle import name_from
+from runtime.bundle.manifest import name_from
 from runtime.errors import BadInput
 from runtime.optional import require
 

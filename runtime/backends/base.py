@@ -1,4 +1,4 @@
-"""The backend interface. Public behaviour lives in runtime/llm.py; a backend
+"""The backend interface. Public behaviour lives in runtime/llm/model.py; a backend
 implements only these primitives over its native handles.
 
 A language-model backend holds one KV sequence whose cells are addressed by
@@ -6,7 +6,7 @@ position 0..n_ctx-1. The engine keeps the list of tokens in those cells and
 asks the backend to decode, remove, shift, save and restore them.
 
 A classifier backend (LiteRT, ONNX Runtime) runs one input tensor to one output
-tensor; runtime/classifier.py does the pre- and post-processing around it.
+tensor; runtime/classify/classifier.py does the pre- and post-processing around it.
 
 Every backend is built the same way, ``cls(path, plan, placement)`` (runtime.backends.open_backend, from the
 one table devices.backends.BACKENDS): the model file, its memory plan (None where the backend sizes nothing by
@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from runtime.errors import BackendError, BadInput, EdgerunError, one_line
-from runtime.sampling import SamplingParams
+from runtime.llm.sampling import SamplingParams
 
 
 class CpuFeatures(Protocol):
@@ -114,14 +114,14 @@ class LLMBackend(Backend):
     n_ctx: int  # KV cells available
     gpu_offload: bool = False  # whether layers can live on a GPU in this build
     # decode(..., logits_all=True) keeps the logits of every token and sample(sampler, index) samples from any of
-    # them: what speculative decoding verifies a draft with (runtime/speculative.py)
+    # them: what speculative decoding verifies a draft with (runtime/llm/speculative.py)
     can_speculate: bool = False
 
     def special_tokens(self) -> Sequence[SpecialToken]:
         """Every token :meth:`tokenize` matches as a whole when ``special`` is set, longest text first.
 
         A tokenizer without such tokens returns none (the default). Chat templates use
-        this to keep message content from turning into control tokens (runtime/chat_tokens.py).
+        this to keep message content from turning into control tokens (runtime/llm/chat_tokens.py).
         """
         return ()
 

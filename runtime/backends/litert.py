@@ -32,7 +32,7 @@ import numpy as np
 from devices.backends import BACKENDS, BackendName
 from runtime.backends.base import ClassifierBackend, Offload, Placed, TensorInfo, bounded_shape
 from runtime.errors import BackendError, BadInput, MissingDependency, one_line
-from runtime.model_files import check_tflite
+from runtime.formats.model_files import check_tflite
 
 log = logging.getLogger(__name__)
 INSTALL = BACKENDS[BackendName.LITERT].install

@@ -3,7 +3,7 @@
 Imported only when a GGUF model is loaded. The ``Llama`` object owns the native
 model, context and batch (closed through its ExitStack); this class owns the
 ``Llama`` and a sampler per generation, and exposes the primitives the engine
-needs. The engine (runtime/llm.py) decides what is in the KV cache; here we only
+needs. The engine (runtime/llm/model.py) decides what is in the KV cache; here we only
 keep llama-cpp-python's own token bookkeeping (``n_tokens``) in step with it.
 
 Where the layers went is measured, not inferred from what was asked: while the
@@ -29,8 +29,8 @@ from typing import Any
 from devices.backends import BackendName
 from runtime.backends.base import LLMBackend, Offload, Placed, SpecialToken
 from runtime.errors import BackendError, missing
-from runtime.plan import MemoryPlan
-from runtime.sampling import SamplingParams
+from runtime.llm.plan import MemoryPlan
+from runtime.llm.sampling import SamplingParams
 
 try:
     import llama_cpp
@@ -137,7 +137,7 @@ class LlamaCppBackend(LLMBackend):
                     n_gpu_layers=gpu_layers,
                     use_mmap=True,
                     flash_attn=True,  # required for a quantized V cache; smaller compute buffers
-                    swa_full=False,  # sliding-window layers keep window + ubatch cells (see runtime/plan.py)
+                    swa_full=False,  # sliding-window layers keep window + ubatch cells (see runtime/llm/plan.py)
                     type_k=plan.kv_type.ggml_type,
                     type_v=plan.kv_type.ggml_type,
                     last_n_tokens_size=REPEAT_LAST_N,

@@ -3,10 +3,10 @@
 llama-cpp-python's ``Llama`` makes a context for one sequence (it cannot set ``n_seq_max``), so this class
 loads the model and makes the context itself through the low-level API: ``n_seq_max`` = the plan's slots,
 ``kv_unified`` off, so that each sequence (sequence id = slot) has a KV stream of its own of ``slot_ctx``
-cells, as runtime/plan.py plans it. One :meth:`decode` evaluates rows of several sequences in one
+cells, as runtime/llm/plan.py plans it. One :meth:`decode` evaluates rows of several sequences in one
 ``llama_decode``; each sequence is sampled from its own row (``llama_sampler_sample(smpl, ctx, idx)``).
 
-Everything here runs on the engine's one thread (runtime/engine.py); nothing is locked.
+Everything here runs on the engine's one thread (runtime/serving/engine.py); nothing is locked.
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ from runtime.backends.llamacpp import (
     tail_kept,
 )
 from runtime.errors import BackendError, missing, one_line
-from runtime.plan import MemoryPlan
-from runtime.sampling import SamplingParams
+from runtime.llm.plan import MemoryPlan
+from runtime.llm.sampling import SamplingParams
 
 try:
     import llama_cpp
@@ -54,7 +54,7 @@ class Row:
     """Tokens of one sequence for one :meth:`LlamaCppBatch.decode`: ``tokens`` at positions ``start..``.
 
     ``logits``: keep the last token's logits (to sample from); ``logits_all``: keep every token's (a sampled token
-    and the draft after it, verified by sampling at each position: runtime/speculative.py)."""
+    and the draft after it, verified by sampling at each position: runtime/llm/speculative.py)."""
 
     seq: int
     tokens: Sequence[int]
@@ -243,7 +243,7 @@ class LlamaCppBatch:
 class SequenceView:
     """One sequence of a :class:`LlamaCppBatch` with the single-sequence KV primitives of
     :class:`~runtime.backends.base.LLMBackend` (n_ctx, decode, remove, shift, state), so that
-    :class:`runtime.kv.KVSequence` keeps each slot's cache (reuse, saved prefixes, context shift) as it keeps the
+    :class:`runtime.llm.kv.KVSequence` keeps each slot's cache (reuse, saved prefixes, context shift) as it keeps the
     single stream's. The engine decodes its steps through :meth:`LlamaCppBatch.decode`, several sequences at once;
     :meth:`decode` here (one sequence alone) serves only KVSequence's recompute fallback."""
 

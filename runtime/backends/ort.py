@@ -22,7 +22,7 @@ from devices.backends import BACKENDS, BackendName
 from runtime.backends.base import DYNAMIC, ClassifierBackend, CpuFeatures, Offload, Placed, TensorInfo, bounded_shape
 from runtime.backends.ort_shapes import check_declared_shapes
 from runtime.errors import BadInput, MissingDependency, one_line
-from runtime.model_files import check_onnx
+from runtime.formats.model_files import check_onnx
 
 log = logging.getLogger(__name__)
 INSTALL = BACKENDS[BackendName.ORT].install

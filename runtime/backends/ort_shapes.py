@@ -10,7 +10,7 @@ sees it, in one line naming the tensor. The walk covers only the fields it needs
 * TensorShapeProto.dim = 1; Dimension.dim_value = 1 (int64), dim_param = 2 (a name: dynamic);
 * TensorProto.name = 8 (an initializer listed among the inputs, as IR version 3 files do, is a weight, not an input).
 
-Every length is checked against the buffer (runtime.model_files.check_onnx has walked the top level already).
+Every length is checked against the buffer (runtime.formats.model_files.check_onnx has walked the top level already).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from collections.abc import Iterator
 
 from runtime.backends.base import DYNAMIC, bounded_shape
 from runtime.errors import BadInput
-from runtime.model_files import varint
+from runtime.formats.model_files import varint
 
 _GRAPH, _INITIALIZER, _INPUT, _OUTPUT = 7, 5, 11, 12
 _VARINT, _FIXED64, _LEN, _FIXED32 = 0, 1, 2, 5

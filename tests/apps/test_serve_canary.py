@@ -14,8 +14,8 @@ import pytest
 from apps.server.config import CanaryRoute, Limits, ModelEntry, ServeConfig
 from apps.server.models import Models
 from runtime.errors import BackendError
-from runtime.residency import ResidencyManager
-from runtime.residency_loaders import default_loaders
+from runtime.residency.loaders import default_loaders
+from runtime.residency.manager import ResidencyManager
 from tests.apps.serve_harness import LiveServer
 
 pytestmark = pytest.mark.slow
@@ -56,7 +56,7 @@ def server(smollm, shared_home: Path, tmp_path_factory: pytest.TempPathFactory) 
                                   CanaryRoute("calm", "chat", 0.0, min_requests=3),
                                   CanaryRoute("chat-next", "gone", 1.0)])
         loaders = {**default_loaders(), "llm": _BrokenNext()}
-        from runtime.plan import default_budget
+        from runtime.llm.plan import default_budget
 
         live = LiveServer(cfg, models=Models(cfg, ResidencyManager(default_budget(), loaders=loaders)), api_key=ADMIN_KEY)
         live.wait_ready()

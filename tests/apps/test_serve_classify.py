@@ -1,5 +1,5 @@
 """POST /v1/classify through a real server: the digits vision bundle (tests/converters/vision), batched by
-runtime.batcher.DynamicBatcher."""
+runtime.serving.batcher.DynamicBatcher."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from apps.server.config import Limits, ModelEntry, ServeConfig
-from runtime.wav import write_wav
+from runtime.formats.wav import write_wav
 from tests.apps.serve_harness import LiveServer
 from tests.converters.vision.conftest import session_bundles, session_digits
 from tests.converters.vision.digits import LABELS, Digits

@@ -17,9 +17,9 @@ import pytest
 from apps.server.classify import decode_slots
 from apps.server.config import Limits, ModelEntry, ServeConfig
 from apps.server.models import spec_of
-from runtime.preprocess import decode_bytes
-from runtime.residency import ResidencyManager
-from runtime.residency_loaders import DECODE_TERM, VisionLoader
+from runtime.classify.preprocess import decode_bytes
+from runtime.residency.loaders import DECODE_TERM, VisionLoader
+from runtime.residency.manager import ResidencyManager
 from tests.apps.serve_harness import LiveServer
 from tests.converters.vision.conftest import session_bundles, session_digits
 from tests.converters.vision.digits import Digits
@@ -30,7 +30,7 @@ pytestmark = pytest.mark.slow
 PIXELS = 4 << 20  # limits.max_image_pixels: the default
 MIB = 1 << 20
 # What one request may add to the process's peak: the old code's 8192x8192 decode added ~450 MiB; within the bound
-# a decode holds 40 MiB at most (runtime.preprocess.decode_bytes), the 8 MiB body and its copies a few more.
+# a decode holds 40 MiB at most (runtime.classify.preprocess.decode_bytes), the 8 MiB body and its copies a few more.
 PEAK_MIB = 64
 
 

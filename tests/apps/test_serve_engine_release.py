@@ -13,8 +13,8 @@ import pytest
 
 from apps.server.config import Limits, ModelEntry, ServeConfig
 from apps.server.models import Models
-from runtime.residency import ModelSpec, ResidencyManager, share_for
-from runtime.residency_loaders import default_loaders
+from runtime.residency.loaders import default_loaders
+from runtime.residency.manager import ModelSpec, ResidencyManager, share_for
 from tests.apps.serve_harness import LiveServer
 
 pytestmark = pytest.mark.slow

@@ -18,7 +18,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from apps.server import sse
 from apps.server.config import Limits, ModelEntry, ServeConfig
-from runtime.chat import MAX_MESSAGES
+from runtime.llm.chat import MAX_MESSAGES
 from tests.apps.serve_harness import LiveServer
 
 

@@ -16,7 +16,7 @@ from apps.cli import main as edgerun
 from apps.server.config import Limits, ModelEntry, ServeConfig, load_config
 from apps.server.security import check_bind, is_loopback, load_keys
 from runtime.errors import BadInput
-from runtime.scheduler import Priority
+from runtime.serving.scheduler import Priority
 from tests.apps.serve_harness import LiveServer
 
 KEY = "sk-test-0123456789abcdef"

@@ -16,7 +16,7 @@ from apps.server.config import ModelEntry, ServeConfig, parse_config
 from apps.server.metrics import ServerMetrics
 from apps.server.models import spec_of
 from runtime.errors import BadInput
-from runtime.residency import ModelSpec, ResidencyManager
+from runtime.residency.manager import ModelSpec, ResidencyManager
 from tests.apps.serve_harness import LiveServer
 
 NO_STORE = {"Cache-Control": "no-store"}

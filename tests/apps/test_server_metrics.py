@@ -59,7 +59,7 @@ def test_request_histograms_and_counters_carry_the_listed_labels() -> None:
 def test_priority_enums_become_their_lower_case_names() -> None:
     import enum
 
-    class Priority(enum.IntEnum):  # what runtime.scheduler.Priority is: an IntEnum, str() would give "1"
+    class Priority(enum.IntEnum):  # what runtime.serving.scheduler.Priority is: an IntEnum, str() would give "1"
         URGENT = 0
         INTERACTIVE = 1
 
@@ -110,7 +110,7 @@ def test_gauges_read_the_sources_at_each_scrape() -> None:
 
 
 def test_resident_models_and_the_plan_from_a_real_residency_manager(tmp_path: Path) -> None:
-    from runtime.residency import ModelSpec, ResidencyManager
+    from runtime.residency.manager import ModelSpec, ResidencyManager
     from tests.runtime.modelgen import vision_bundle
 
     bundle = vision_bundle(tmp_path / "tiny", "onnx")

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from bench.verify_cost import break_even, main
-from runtime.speculative import expected_tokens
+from runtime.llm.speculative import expected_tokens
 
 
 def test_break_even_acceptance() -> None:

@@ -1,4 +1,4 @@
-"""Every converter publishes a bundle the same way, durably: runtime.store.publish."""
+"""Every converter publishes a bundle the same way, durably: runtime.bundle.store.publish."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 
 from converters.classifier.package import package as classifier_package
 from converters.llm.pipeline import _publish as llm_publish
-from runtime.store import publish
+from runtime.bundle.store import publish
 
 
 class _Manifest:

@@ -10,7 +10,7 @@ import pytest
 
 from devices.backends import BACKENDS, BackendName, for_format, serving, spec
 from devices.capabilities import probe
-from runtime.bundle import BACKEND_FORMAT, ModelFormat, ModelKind
+from runtime.bundle.manifest import BACKEND_FORMAT, ModelFormat, ModelKind
 from runtime.errors import BadInput
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -46,11 +46,11 @@ def test_every_model_format_and_kind_has_a_backend() -> None:
 
 
 def test_every_classifier_backend_has_its_memory_costs() -> None:
-    from runtime.vision_plan import ARENA_FACTOR, RUNTIME_BYTES
+    from runtime.classify.plan import ARENA_FACTOR, RUNTIME_BYTES
 
     for kind in (ModelKind.VISION, ModelKind.AUDIO):
         for name in serving(kind.value):
-            assert name in RUNTIME_BYTES and name in ARENA_FACTOR, f"runtime.vision_plan has no memory cost for {name.value}"
+            assert name in RUNTIME_BYTES and name in ARENA_FACTOR, f"runtime.classify.plan has no memory cost for {name.value}"
 
 
 def test_lookups_refuse_unknown_names_in_one_line() -> None:
@@ -86,7 +86,7 @@ def test_the_literal_check_sees_a_name() -> None:
 def test_a_classifier_bundle_for_a_backend_that_serves_no_classifier_is_refused_by_the_table(tmp_path: Path) -> None:
     import json
 
-    from runtime.classifier import Classifier
+    from runtime.classify.classifier import Classifier
     from tests.runtime.modelgen import vision_bundle
 
     bundle = vision_bundle(tmp_path / "img", "onnx")

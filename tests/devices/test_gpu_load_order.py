@@ -29,9 +29,9 @@ numpy_libs = "openblas" in before or "numpy" in before
 import dataclasses
 from devices.placement import ALL_LAYERS, cpu_placement
 from runtime.backends.llamacpp import LlamaCppBackend, gpu_offload_supported
-from runtime.gguf_file import read_gguf
-from runtime.llm import LLM
-from runtime.plan import plan_llm
+from runtime.formats.gguf_file import read_gguf
+from runtime.llm.model import LLM
+from runtime.llm.plan import plan_llm
 
 path = sys.argv[1]
 gpu = gpu_offload_supported()

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from runtime.backends.base import LLMBackend, SpecialToken
-from runtime.sampling import SamplingParams
+from runtime.llm.sampling import SamplingParams
 
 EOS = 0
 CELL = struct.Struct("<ii")  # a saved cell: position, token (8 bytes)

@@ -6,8 +6,8 @@ Prints one JSON object: tokens, turns, truncations, the plan and the peak RSS.
 import json
 import sys
 
-from runtime.chat import ChatSession
-from runtime.llm import LLM
+from runtime.llm.chat import ChatSession
+from runtime.llm.model import LLM
 from runtime.metrics import peak_rss_bytes
 from runtime.units import parse_size
 

@@ -58,7 +58,7 @@ def main(argv):
             code = cli(argv[1:])
         text, chat = buf.getvalue(), str(code)
     else:
-        from runtime.llm import LLM
+        from runtime.llm.model import LLM
 
         with LLM.load(argv[0], memory="1G", ctx=512, threads=2) as llm:
             text = llm.generate("Offline test:", llm.params(max_tokens=8, temperature=0.0)).text

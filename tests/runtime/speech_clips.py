@@ -1,7 +1,7 @@
 """Spoken clips and shared speech models for tests/runtime/test_asr.py, test_vad.py and test_tts.py.
 
 Clips are synthesized with piper-tts directly (the test tool, as tests/converters/audio/speech.py uses it, not
-edgerun's runtime.tts), without generator noise so every run hears the same samples, and resampled to 16 kHz.
+edgerun's runtime.speech.tts), without generator noise so every run hears the same samples, and resampled to 16 kHz.
 The models are loaded once per process and shared by the modules that import them.
 """
 
@@ -29,7 +29,7 @@ def spoken(text: str) -> np.ndarray:
     """``text`` in Piper's joe voice at 16 kHz, float32, with 0.1 s of the voice's own silence trimmed to 0."""
     from piper import SynthesisConfig
 
-    from runtime.resample import resample
+    from runtime.speech.resample import resample
 
     voice = _piper()
     config = SynthesisConfig(noise_scale=0.0, noise_w_scale=0.0, volume=0.6)
@@ -62,15 +62,15 @@ def shared(kind: str):
     """The process's one ASR (2 threads), VAD or Piper TTS (2 threads)."""
     if kind not in _models:
         if kind == "asr":
-            from runtime.asr import ASR
+            from runtime.speech.asr import ASR
 
             _models[kind] = ASR.load(threads=2)
         elif kind == "vad":
-            from runtime.vad import SileroVAD
+            from runtime.speech.vad import SileroVAD
 
             _models[kind] = SileroVAD.load()
         else:
-            from runtime.tts import load_tts
+            from runtime.speech.tts import load_tts
 
             _models[kind] = load_tts(threads=2, fallback=False)
     return _models[kind]

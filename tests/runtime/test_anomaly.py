@@ -13,10 +13,10 @@ import pytest
 
 from converters.anomaly.teach import auroc, choose_threshold, coreset
 from devices.backends import BackendName
-from runtime import anomaly
-from runtime.bundle import FileEntry, Manifest, ModelKind, VisionSpec
+from runtime.bundle.manifest import FileEntry, Manifest, ModelKind, VisionSpec
+from runtime.bundle.specs.anomaly import AnomalySpec
+from runtime.classify import anomaly
 from runtime.errors import BadInput
-from runtime.specs.anomaly import AnomalySpec
 from tests.runtime.anomaly_fixture import parts_data, taught  # noqa: F401  (session fixtures)
 
 SHA = "0" * 64
@@ -158,8 +158,8 @@ def test_upsample_keeps_where_the_peak_is() -> None:
 
 @pytest.mark.slow
 def test_taught_bundle_loads_through_planner_and_backend(taught, capsys: pytest.CaptureFixture[str]) -> None:  # noqa: F811
-    from runtime.bundle import read_manifest_dir
-    from runtime.preprocess import load_rgb
+    from runtime.bundle.manifest import read_manifest_dir
+    from runtime.classify.preprocess import load_rgb
 
     manifest = read_manifest_dir(taught.bundle)
     spec = manifest.anomaly
@@ -183,7 +183,7 @@ def test_taught_bundle_loads_through_planner_and_backend(taught, capsys: pytest.
 
 @pytest.mark.slow
 def test_heat_map_peaks_where_the_defect_is(taught) -> None:  # noqa: F811
-    from runtime.preprocess import load_rgb
+    from runtime.classify.preprocess import load_rgb
 
     with anomaly.AnomalyDetector.load(str(taught.bundle), threads=1) as det:
         hits = 0
@@ -201,8 +201,8 @@ def test_heat_map_peaks_where_the_defect_is(taught) -> None:  # noqa: F811
 
 @pytest.mark.slow
 def test_taught_bundle_loads_through_the_residency_manager(taught, tmp_path: Path) -> None:  # noqa: F811
-    from runtime.preprocess import load_rgb
-    from runtime.residency import ModelSpec, ResidencyManager
+    from runtime.classify.preprocess import load_rgb
+    from runtime.residency.manager import ModelSpec, ResidencyManager
 
     with ResidencyManager(2 << 30) as rm:
         rm.add(ModelSpec("parts", str(taught.bundle), "anomaly", options={"batch": 2, "threads": 1}))
@@ -251,7 +251,7 @@ def test_threshold_holds_for_float32_scores(rate: float) -> None:
 
 
 def test_residency_refuses_a_vision_bundle_as_anomaly(tmp_path: Path) -> None:
-    from runtime.residency import ModelSpec, ResidencyManager
+    from runtime.residency.manager import ModelSpec, ResidencyManager
     from tests.apps.kiosk.kiosk_models import kiosk_bundle
 
     bundle = kiosk_bundle(tmp_path / "vision", "v1")

@@ -1,14 +1,14 @@
-"""runtime.asr: Whisper tiny.en through faster-whisper on the checked files, whole clips and streaming partials."""
+"""runtime.speech.asr: Whisper tiny.en through faster-whisper on the checked files, whole clips and streaming partials."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from runtime.asr import ASR, asr_plan
 from runtime.errors import BadInput, DoesNotFit
-from runtime.residency import ModelSpec, ResidencyManager
-from runtime.speech_models import resolve_speech
+from runtime.residency.manager import ModelSpec, ResidencyManager
+from runtime.speech.asr import ASR, asr_plan
+from runtime.speech.models import resolve_speech
 from tests.runtime.speech_clips import PHRASES, RATE, shared, silence, spoken, word_error_rate
 
 pytestmark = pytest.mark.slow
@@ -94,7 +94,7 @@ def test_the_speech_models_share_one_memory_plan() -> None:
         for kind in ("asr", "vad", "tts"):
             with models.acquire(kind) as obj:
                 assert obj.plan.total_bytes == plans[kind]
-        from runtime.speech_models import ORT_RUNTIME_BYTES
+        from runtime.speech.models import ORT_RUNTIME_BYTES
 
         assert models.used_bytes() == sum(plans.values()) - ORT_RUNTIME_BYTES
         assert {r["name"] for r in models.resident()} == {"asr", "vad", "tts"}

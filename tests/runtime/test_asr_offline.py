@@ -1,4 +1,4 @@
-"""runtime.asr never lets a hub client reach out: faster-whisper's __init__ imports huggingface_hub, which runtime.asr
+"""runtime.speech.asr never lets a hub client reach out: faster-whisper's __init__ imports huggingface_hub, which runtime.speech.asr
 switches offline before the import; a model that is not a local folder or recipe is refused in one line."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from runtime.asr import OFFLINE_ENV
+from runtime.speech.asr import OFFLINE_ENV
 
 pytest.importorskip("faster_whisper")
 ROOT = Path(__file__).resolve().parents[2]
@@ -26,7 +26,7 @@ def hook(event, args):
         seen.append(event)
         raise ConnectionRefusedError("the test forbids the network: " + event)
 sys.addaudithook(hook)
-from runtime.asr import ASR, import_faster_whisper
+from runtime.speech.asr import ASR, import_faster_whisper
 from runtime.errors import BadInput
 fw = import_faster_whisper()
 import huggingface_hub.constants as hub
@@ -52,7 +52,7 @@ def test_no_hub_request_can_leave_and_a_hub_name_is_refused(tmp_path: Path, hub_
     env = {k: v for k, v in os.environ.items() if k not in OFFLINE_ENV}
     env["PYTHONPATH"] = str(ROOT)
     child = CHILD % {"keys": tuple(OFFLINE_ENV)}
-    if hub_first:  # something imported huggingface_hub before runtime.asr: it read its switches already
+    if hub_first:  # something imported huggingface_hub before runtime.speech.asr: it read its switches already
         child = child.replace("sys.addaudithook(hook)", "import huggingface_hub.constants\nsys.addaudithook(hook)")
     run = subprocess.run([sys.executable, "-c", child, str(tmp_path / "cache")], capture_output=True, text=True,
                          env=env, cwd=ROOT, timeout=120)

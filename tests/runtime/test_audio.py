@@ -1,4 +1,4 @@
-"""runtime.audio: WAV files are checked before use, read at every PCM width, mixed down, and resampled faithfully,
+"""runtime.classify.audio_frontend: WAV files are checked before use, read at every PCM width, mixed down, and resampled faithfully,
 in bounded memory."""
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from runtime.audio import WaveformFrontEnd, load_audio, read_wav, reading_bytes, resample, wav_info, write_wav
-from runtime.bundle import AudioSpec
+from runtime.bundle.manifest import AudioSpec
+from runtime.classify.audio_frontend import WaveformFrontEnd, load_audio, read_wav, reading_bytes, resample, wav_info, write_wav
 from runtime.errors import BadInput
-from runtime.resample import resample_into
+from runtime.speech.resample import resample_into
 
 RATE = 16000
 
@@ -237,7 +237,7 @@ def _test_clip(src: int, dst: int, seconds: float, band: float) -> np.ndarray:
     return (x * np.clip(np.minimum(t, t[-1] - t) / 0.3, 0, 1)).astype(np.float32)
 
 
-# (src, dst, seconds, noise band, max abs difference): the tolerances stated in runtime/resample.py
+# (src, dst, seconds, noise band, max abs difference): the tolerances stated in runtime/speech/resample.py
 EQUIVALENCE = [
     (44100, RATE, 7.0, 0.8, 5e-5), (384000, RATE, 6.0, 0.8, 5e-5), (8000, RATE, 5.0, 0.8, 5e-5), (RATE, 44100, 3.0, 0.8, 5e-5),
     (44100, RATE, 7.0, 1.0, 2e-3), (8000, RATE, 5.0, 1.0, 2e-3),
@@ -268,7 +268,7 @@ def _sparse_wav(path: Path, seconds: float, rate: int) -> None:
 
 _PEAK = """
 import json, resource, sys
-from runtime.audio import load_audio
+from runtime.classify.audio_frontend import load_audio
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 clip = load_audio(sys.argv[1], int(sys.argv[2]))
 print(json.dumps({"growth": (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) * 1024, "n": len(clip.samples)}))

@@ -45,9 +45,9 @@ def test_the_classifier_load_path_tells_ort_the_placements_cpu(tmp_path: Path, c
     # The placement resolved for a machine with this CPU decides ORT's INT8 kernels, whatever CPU runs the test:
     # one of the two cases differs from this machine's own.
     from runtime.backends.ort import EXACT_U8S8
-    from runtime.bundle import Manifest
-    from runtime.classifier import open_backend
-    from runtime.resolve import ResolvedModel
+    from runtime.bundle.manifest import Manifest
+    from runtime.bundle.resolve import ResolvedModel
+    from runtime.classify.classifier import open_backend
 
     path = _saturating_int8_conv(tmp_path)
     os.replace(path, tmp_path / "model.onnx")

@@ -1,4 +1,4 @@
-"""runtime.batcher.DynamicBatcher: batch size and wait limits, failures per batch, deadlines, close, priorities.
+"""runtime.serving.batcher.DynamicBatcher: batch size and wait limits, failures per batch, deadlines, close, priorities.
 
 The worker is held inside ``run`` by a gate where a case needs work to pile up; no sleep is longer than 50 ms.
 """
@@ -12,9 +12,9 @@ from concurrent.futures import Future
 
 import pytest
 
-from runtime.batcher import DynamicBatcher
 from runtime.errors import BackendError, BadInput, Cancelled, DeadlineExceeded, QueueFull
-from runtime.scheduler import Priority
+from runtime.serving.batcher import DynamicBatcher
+from runtime.serving.scheduler import Priority
 
 WAIT = 5.0  # seconds any result may take on a loaded machine
 

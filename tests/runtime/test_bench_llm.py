@@ -61,7 +61,7 @@ def test_bench_llm_draft_model_row(smollm, capsys) -> None:
 
 
 def test_bench_tokens_keep_the_bos_and_have_the_length(smollm) -> None:
-    from runtime.llm import LLM
+    from runtime.llm.model import LLM
 
     with LLM.load(smollm, ctx=512, threads=1) as llm:
         body = llm.backend.tokenize(" one two three", add_bos=False, special=False)

@@ -56,7 +56,7 @@ def _wake_word_bundle(directory: Path) -> Path:
 
 @pytest.mark.parametrize("resident", [False, True], ids=["alone", "beside-llm"])
 def test_audio_classifier_front_end_and_head_stop_spinning_beside_busy_threads(tmp_path: Path, idle_machine, resident: bool) -> None:
-    from runtime.audio_classifier import AudioClassifier
+    from runtime.classify.audio_classifier import AudioClassifier
 
     busy = idle_machine.usable_cpus if resident else 0  # a resident llama.cpp model on every core
     with AudioClassifier.load(str(_wake_word_bundle(tmp_path / "wake")), target="cpu", busy_threads=busy) as clf:
@@ -70,7 +70,7 @@ def test_audio_classifier_front_end_and_head_stop_spinning_beside_busy_threads(t
 
 @pytest.mark.parametrize("resident", [False, True], ids=["alone", "beside-llm"])
 def test_classifier_stops_spinning_beside_busy_threads(tmp_path: Path, idle_machine, resident: bool) -> None:
-    from runtime.classifier import Classifier
+    from runtime.classify.classifier import Classifier
 
     busy = idle_machine.usable_cpus if resident else 0
     with Classifier.load(str(vision_bundle(tmp_path / "img", "onnx")), target="cpu", busy_threads=busy) as clf:

@@ -15,12 +15,12 @@ import time
 
 import pytest
 
-from runtime.chat import MAX_CHAT_CHARS, MAX_MESSAGES, _fit, _tokens, check_messages, start_chat
-from runtime.chat_template import ChatTemplate
 from runtime.errors import BadInput, DeadlineExceeded
-from runtime.generation import Truncation, answer_room
-from runtime.llm import LLM
-from runtime.prefix_cache import common_prefix
+from runtime.llm.chat import MAX_CHAT_CHARS, MAX_MESSAGES, _fit, _tokens, check_messages, start_chat
+from runtime.llm.chat_template import ChatTemplate
+from runtime.llm.generation import Truncation, answer_room
+from runtime.llm.model import LLM
+from runtime.llm.prefix_cache import common_prefix
 from tests.runtime.test_chat_injection import GEMMA3
 
 GiB = 1 << 30

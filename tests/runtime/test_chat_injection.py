@@ -18,11 +18,11 @@ import pytest
 
 from apps.cli import main as cli
 from runtime.backends.base import SpecialToken
-from runtime.chat import ChatSession, _tokens
-from runtime.chat_template import ChatTemplate
-from runtime.chat_tokens import ChatTokenizer
 from runtime.errors import BadInput
-from runtime.llm import LLM
+from runtime.llm.chat import ChatSession, _tokens
+from runtime.llm.chat_template import ChatTemplate
+from runtime.llm.chat_tokens import ChatTokenizer
+from runtime.llm.model import LLM
 from tests.runtime.fake_backend import FakeBackend
 
 GiB = 1 << 30
@@ -244,7 +244,7 @@ def test_edgerun_chat_with_a_hostile_template_exits_2_in_one_line(smollm, tmp_pa
     bundle = tmp_path / "hostile"
     bundle.mkdir()
     # a copy, not a hard link: a new link changes the shared model file's ctime, and a verified file whose identity
-    # changed is refused at load (runtime/checked_open.py), which would fail every later test on the shared model
+    # changed is refused at load (runtime/bundle/checked_open.py), which would fail every later test on the shared model
     shutil.copyfile(smollm.path(), bundle / "model.gguf")
     manifest = json.loads((smollm.path().parent / "manifest.json").read_text())
     manifest["llm"]["chat_template"] = HOSTILE["nested loops"][0]

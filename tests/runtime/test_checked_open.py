@@ -1,4 +1,4 @@
-"""Item 13: what a backend loads is the file that was verified (runtime/checked_open.py).
+"""Item 13: what a backend loads is the file that was verified (runtime/bundle/checked_open.py).
 
 Verification records each file's identity (device, inode, size, mtime_ns, ctime_ns). A loader opens each file
 once, refuses any other file at that path (renamed over, rewritten in place, a folder of the bundle swapped for a
@@ -23,13 +23,13 @@ import numpy as np
 import pytest
 
 from devices.placement import cpu_placement, resolve_placement
-from runtime import checked_open
 from runtime.backends.base import TensorInfo
 from runtime.backends.null import NullBackend
-from runtime.classifier import Classifier, open_backend, read_labels
+from runtime.bundle import checked_open
+from runtime.bundle.resolve import resolve
+from runtime.bundle.store import Store
+from runtime.classify.classifier import Classifier, open_backend, read_labels
 from runtime.errors import BadInput
-from runtime.resolve import resolve
-from runtime.store import Store
 from tests.runtime.modelgen import vision_bundle
 from tests.runtime.test_null_backend import IMAGE_IN, null_bundle
 from tests.runtime.test_store import make_bundle_dir
@@ -137,7 +137,7 @@ def test_changed_labels_are_refused(store: Store, tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("bare", [False, True], ids=["bundle-dir", "bare-gguf"])
 def test_an_llm_file_changed_after_verification_is_refused(store: Store, tmp_path: Path, bare: bool) -> None:
-    from runtime.llm import LLM
+    from runtime.llm.model import LLM
 
     directory = make_bundle_dir(tmp_path / "src")
     gguf = directory / "model.gguf"
@@ -205,8 +205,8 @@ def test_backends_load_the_open_file_not_the_path(store: Store, tmp_path: Path, 
 @pytest.mark.slow
 def test_llama_cpp_loads_the_open_file_not_the_path(smollm, tmp_path: Path, store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
     """llama.cpp maps /proc/self/fd/N (the verified file) and keeps the mapping after the descriptor is closed."""
-    from runtime.llm import LLM
-    from runtime.sampling import SamplingParams
+    from runtime.llm.model import LLM
+    from runtime.llm.sampling import SamplingParams
 
     gguf = tmp_path / "smollm.gguf"
     shutil.copy(smollm.path(), gguf)

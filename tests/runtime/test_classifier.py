@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from apps.cli import main as edgerun
-from runtime.classifier import Classifier
+from runtime.classify.classifier import Classifier
 from tests.converters.vision.digits import LABELS, Digits
 
 
@@ -46,7 +46,7 @@ def test_run_text_output_and_placement_line(digit_bundles: dict[str, Path], digi
 def test_batch_equals_one_at_a_time(digit_bundles: dict[str, Path], digits: Digits, fmt: str) -> None:
     # A batch of 7 (LiteRT resizes its fixed batch of 1; ORT's batch axis is dynamic) gives the rows of 7 single calls.
     with Classifier.load(str(digit_bundles[fmt]), threads=1, target="cpu") as clf:
-        from runtime.preprocess import image_tensor, load_rgb, quantize
+        from runtime.classify.preprocess import image_tensor, load_rgb, quantize
 
         x = quantize(image_tensor([load_rgb(p) for p in digits.test_images[:7]], clf.spec), clf.spec.input)
         batch = clf.backend.run(x)
@@ -120,7 +120,7 @@ def test_manifest_quantization_must_match_the_model(digit_bundles: dict[str, Pat
 
 
 def test_import_runtime_loads_no_backend_library() -> None:
-    code = ("import sys, runtime, runtime.classifier, apps.cli.run_classifier, apps.cli.bench_cmd, runtime.vision_plan; "
+    code = ("import sys, runtime, runtime.classify.classifier, apps.cli.run_classifier, apps.cli.bench_cmd, runtime.classify.plan; "
             "bad = [m for m in ('onnxruntime', 'ai_edge_litert', 'tflite_runtime', 'torch', 'onnx', 'PIL') if m in sys.modules]; "
             "print(bad); sys.exit(1 if bad else 0)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=Path(__file__).resolve().parents[2])

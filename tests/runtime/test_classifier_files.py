@@ -8,9 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from runtime.bundle import Layout, Manifest, ResizeMode, TensorQuant, VisionSpec
+from runtime.bundle.manifest import Layout, Manifest, ResizeMode, TensorQuant, VisionSpec
 from runtime.errors import BadInput
-from runtime.model_files import check_model_file
+from runtime.formats.model_files import check_model_file
 
 
 def _tflite(bundles: dict[str, Path]) -> bytes:
@@ -112,7 +112,7 @@ def test_manifest_vision_round_trip_and_required() -> None:
 
 def test_preprocess_matches_hand_arithmetic() -> None:
     # stretch-resize a uniform image, normalize per channel, NCHW, quantize: every step checkable by hand.
-    from runtime.preprocess import image_tensor, quantize, top_k
+    from runtime.classify.preprocess import image_tensor, quantize, top_k
 
     img = np.full((10, 20, 3), (10, 20, 30), np.uint8)
     spec = VisionSpec(size=8, layout=Layout.NCHW, resize=ResizeMode.STRETCH, mean=(10.0, 10.0, 10.0), std=(2.0, 5.0, 10.0))
@@ -128,7 +128,7 @@ def test_preprocess_matches_hand_arithmetic() -> None:
 
 def test_center_crop_keeps_the_middle() -> None:
     # A 100x300 image: center crop of a square from the middle third; the side bands must not leak in.
-    from runtime.preprocess import resize_rgb
+    from runtime.classify.preprocess import resize_rgb
 
     img = np.zeros((100, 300, 3), np.uint8)
     img[:, 100:200] = 255
@@ -162,8 +162,8 @@ PLAN_CASES = [
 
 @pytest.mark.parametrize("backend, arena, batch, resident, budget, total", PLAN_CASES)
 def test_classifier_plan(backend: str, arena: int, batch: int, resident: int, budget: int, total: int | None) -> None:
+    from runtime.classify.plan import plan_classifier
     from runtime.errors import DoesNotFit
-    from runtime.vision_plan import plan_classifier
 
     manifest = _vision_manifest(backend, arena)
     if total is None:
@@ -193,7 +193,7 @@ def test_gate_metrics(ref: np.ndarray, test: np.ndarray, want: tuple[float, floa
 
 
 def test_peak_live_bytes_frees_each_tensor_after_its_last_reader() -> None:
-    from runtime.vision_plan import peak_live_bytes
+    from runtime.classify.plan import peak_live_bytes
 
     # x -> a -> b -> y, with a skip connection a -> y: a stays alive until the last op reads it
     steps = [(["x", "w1"], ["a"]), (["a"], ["b"]), (["b", "a"], ["y"])]
@@ -211,7 +211,7 @@ def test_an_image_that_is_a_fifo_is_refused_without_blocking(tmp_path: Path, mon
     import os
 
     import runtime.files
-    from runtime.preprocess import load_rgb
+    from runtime.classify.preprocess import load_rgb
 
     fifo = tmp_path / "in.png"
     os.mkfifo(fifo)

@@ -1,4 +1,4 @@
-"""Classifier and AudioClassifier load through one path (runtime.classifier.load_classifier): whatever it
+"""Classifier and AudioClassifier load through one path (runtime.classify.classifier.load_classifier): whatever it
 opened (the backend; the audio front end) is closed when a later step fails."""
 
 from __future__ import annotations
@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-import runtime.audio_classifier as audio_module
-import runtime.classifier as classifier_module
-from runtime.audio_classifier import AudioClassifier
-from runtime.classifier import Classifier
+import runtime.classify.audio_classifier as audio_module
+import runtime.classify.classifier as classifier_module
+from runtime.classify.audio_classifier import AudioClassifier
+from runtime.classify.classifier import Classifier
 from runtime.errors import BadInput
 from tests.runtime.modelgen import vision_bundle
 from tests.runtime.test_busy_threads import _wake_word_bundle
@@ -40,7 +40,7 @@ def test_a_failure_after_the_backend_opened_closes_what_was_opened(tmp_path: Pat
     opened: list = []
     closed: list = []
     wrap = _closing(opened, closed)
-    # The one load path opens the backend through runtime.classifier.open_backend, for both kinds.
+    # The one load path opens the backend through runtime.classify.classifier.open_backend, for both kinds.
     monkeypatch.setattr(classifier_module, "open_backend", wrap(classifier_module.open_backend))
     monkeypatch.setattr(audio_module, "open_frontend", wrap(audio_module.open_frontend))
     cls = Classifier if kind == "vision" else AudioClassifier

@@ -60,8 +60,8 @@ def test_plan_shrinks_context_then_kv_type_to_fit(smollm, capsys) -> None:
     assert cli(["plan", "default", "--memory", "300M", "--ctx", "8192", "--kv-type", "f16"]) == 3
     # ... and it shrank no further than it had to: 256 more cells, same KV type and micro-batch, do not fit
     from runtime.errors import DoesNotFit
-    from runtime.gguf_file import read_gguf
-    from runtime.plan import KVType, plan_llm
+    from runtime.formats.gguf_file import read_gguf
+    from runtime.llm.plan import KVType, plan_llm
 
     with pytest.raises(DoesNotFit):
         plan_llm(read_gguf(smollm.path()), 300 << 20, ctx=tight["n_ctx"] + 256, kv_type=KVType(tight["kv_type"]),

@@ -1,4 +1,4 @@
-"""A draft model for speculative decoding (runtime/draft.py): made by requantizing the default bundle to q4_0,
+"""A draft model for speculative decoding (runtime/llm/draft.py): made by requantizing the default bundle to q4_0,
 planned as terms of its own, refused when its vocabulary is not the target's, and greedy output token-identical
 with and without it on the real model."""
 
@@ -13,10 +13,10 @@ from apps.cli import main as cli
 from converters.llm.draft import make_draft
 from converters.llm.options import Quant
 from runtime.errors import BadInput, DoesNotFit
-from runtime.gguf_file import read_gguf
-from runtime.plan import VOCAB_ENTRY_BYTES, KVType, plan_llm
-from runtime.sampling import SamplingParams
-from runtime.speculative import Adaptive, Speculator
+from runtime.formats.gguf_file import read_gguf
+from runtime.llm.plan import VOCAB_ENTRY_BYTES, KVType, plan_llm
+from runtime.llm.sampling import SamplingParams
+from runtime.llm.speculative import Adaptive, Speculator
 from tests.ggufgen import write_tiny
 
 MiB = 1 << 20
@@ -30,7 +30,7 @@ def draft_gguf(smollm, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def with_draft(smollm, draft_gguf):
-    from runtime.llm import LLM
+    from runtime.llm.model import LLM
 
     llm = LLM.load(smollm, memory="1G", ctx=1024, draft=str(draft_gguf))
     yield llm
@@ -107,7 +107,7 @@ def _bpe_tiny(path: Path, **kw) -> Path:
     (_bpe_tiny, "token 0 is 't0'"),  # the same size and tokenizer: refused by llama.cpp's own token texts
 ], ids=["size", "token-texts"])
 def test_a_draft_with_another_vocabulary_is_refused_in_one_line(smollm, tmp_path, make, why, capsys) -> None:
-    from runtime.llm import LLM
+    from runtime.llm.model import LLM
 
     other = make(tmp_path / "other.gguf")
     with pytest.raises(BadInput) as exc:
@@ -137,7 +137,7 @@ def test_draft_model_kv_follows_the_context_it_is_given(with_draft) -> None:
 def test_draft_model_catches_up_at_most_a_window(with_draft) -> None:
     """Far behind the target (speculation was off, a new prompt), the draft restarts on the context's last WINDOW
     tokens rather than decoding everything it missed; in step again, it decodes only what is new."""
-    from runtime.draft import WINDOW
+    from runtime.llm.draft import WINDOW
 
     draft = with_draft.draft
     text = with_draft.tokenize("Edge devices run small language models offline. " * 30)
@@ -189,8 +189,8 @@ def draft_bundle(smollm, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_a_bundle_carries_its_draft_and_loads_it(smollm, draft_bundle, capsys) -> None:
-    from runtime.bundle import read_manifest_dir
-    from runtime.llm import LLM
+    from runtime.bundle.manifest import read_manifest_dir
+    from runtime.llm.model import LLM
 
     manifest = read_manifest_dir(draft_bundle)
     assert manifest.llm.draft == "draft.gguf" and manifest.file("draft").path == "draft.gguf"
@@ -206,7 +206,7 @@ def test_a_bundle_carries_its_draft_and_loads_it(smollm, draft_bundle, capsys) -
 
 
 def test_manifest_draft_must_name_a_bundle_file(smollm) -> None:
-    from runtime.bundle import Manifest
+    from runtime.bundle.manifest import Manifest
 
     data = smollm.manifest.to_dict()
     data["llm"]["draft"] = "missing.gguf"
@@ -218,7 +218,7 @@ def test_manifest_draft_must_name_a_bundle_file(smollm) -> None:
 
 
 def test_draft_with_speculation_off_is_refused(smollm, draft_gguf) -> None:
-    from runtime.llm import LLM
+    from runtime.llm.model import LLM
 
     with pytest.raises(BadInput, match="--no-speculate turns off"):
         LLM.load(smollm, memory="1G", ctx=1024, draft=str(draft_gguf), speculate=False)

@@ -8,10 +8,10 @@ import time
 
 import pytest
 
-from runtime.engine import Engine, GenRequest
 from runtime.errors import BackendError, BadInput, Cancelled, DeadlineExceeded, QueueFull
-from runtime.llm import LLM
-from runtime.scheduler import Priority
+from runtime.llm.model import LLM
+from runtime.serving.engine import Engine, GenRequest
+from runtime.serving.scheduler import Priority
 
 GiB = 1 << 30
 PROMPTS = ["The three primary colors are", "Once upon a time", "def fibonacci(n):", "The capital of France is",

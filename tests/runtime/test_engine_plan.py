@@ -11,8 +11,8 @@ from devices.backends import BackendName
 from devices.placement import cpu_placement
 from runtime.backends.llamacpp_batch import LlamaCppBatch
 from runtime.errors import BadInput
-from runtime.gguf_file import read_gguf
-from runtime.plan import CTX_PAD, MAX_SLOTS, VERIFY_ROWS, KVType, plan_llm
+from runtime.formats.gguf_file import read_gguf
+from runtime.llm.plan import CTX_PAD, MAX_SLOTS, VERIFY_ROWS, KVType, plan_llm
 
 GiB = 1 << 30
 

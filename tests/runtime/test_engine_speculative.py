@@ -8,9 +8,9 @@ from __future__ import annotations
 import llama_cpp
 import pytest
 
-from runtime.engine import Engine, GenRequest
-from runtime.engine_spec import StepCost
-from runtime.scheduler import Priority
+from runtime.serving.engine import Engine, GenRequest
+from runtime.serving.engine_spec import StepCost
+from runtime.serving.scheduler import Priority
 
 GiB = 1 << 30
 TEXT = ("The committee met on Tuesday to review the budget for the new library. The budget for the new library was "
@@ -224,7 +224,7 @@ def test_a_cache_that_refuses_to_drop_draft_cells_recomputes_and_stops_drafting(
                 return keep(start, end)
 
             view.remove = remove
-        caplog.set_level("WARNING", logger="runtime.speculative")
+        caplog.set_level("WARNING", logger="runtime.llm.speculative")
         spec = _run_manual(eng, [_chat(eng, CHATS[1], 40)])[0]
         assert refused and spec.text[:60] == plain.text[:60] and spec.stop_reason in ("eos", "length")
         assert spec.speculation["drafted"] > 0 and not spec.speculation["on"]

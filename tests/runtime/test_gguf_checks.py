@@ -17,7 +17,7 @@ from gguf import GGUFValueType, GGUFWriter
 
 from apps.cli import main as cli
 from runtime.errors import BadInput
-from runtime.gguf_file import read_gguf
+from runtime.formats.gguf_file import read_gguf
 from tests.ggufgen import set_scalar, write_tiny
 
 VOCAB = 32

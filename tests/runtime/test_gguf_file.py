@@ -11,7 +11,7 @@ import pytest
 
 from apps.cli import main as cli
 from runtime.errors import BadInput
-from runtime.gguf_file import read_gguf
+from runtime.formats.gguf_file import read_gguf
 from tests.ggufgen import patch, write_tiny
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from runtime.kv import MIN_REUSE, PROBE, KVSequence, Reuse
-from runtime.prefix_cache import PrefixCache, common_prefix
+from runtime.llm.kv import MIN_REUSE, PROBE, KVSequence, Reuse
+from runtime.llm.prefix_cache import PrefixCache, common_prefix
 from tests.runtime.fake_backend import CELL, FakeBackend
 
 

@@ -10,10 +10,10 @@ import pytest
 from devices.placement import cpu_placement
 from runtime.backends.llamacpp import LlamaCppBackend
 from runtime.errors import BadInput
-from runtime.gguf_file import read_gguf
-from runtime.llm import LLM
-from runtime.plan import KVType, plan_llm
-from runtime.sampling import SamplingParams
+from runtime.formats.gguf_file import read_gguf
+from runtime.llm.model import LLM
+from runtime.llm.plan import KVType, plan_llm
+from runtime.llm.sampling import SamplingParams
 
 GiB = 1 << 30
 
@@ -174,7 +174,7 @@ def test_prefix_cache_restores_a_shared_prefix(llm) -> None:
 
 
 def test_chat_drops_oldest_turns_and_reuses_the_rest(smollm) -> None:
-    from runtime.chat import ChatSession
+    from runtime.llm.chat import ChatSession
 
     with LLM.load(smollm, memory=GiB, ctx=512, threads=2) as small:
         session = ChatSession(small, "You are a terse assistant.", small.params(temperature=0.0, max_tokens=24))

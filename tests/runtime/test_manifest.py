@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from apps.cli import main as cli
-from runtime.bundle import MANIFEST, Manifest
+from runtime.bundle.manifest import MANIFEST, Manifest
 from runtime.errors import BadInput
 from tests.ggufgen import write_tiny
 

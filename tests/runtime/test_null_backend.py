@@ -82,7 +82,7 @@ def test_a_row_gives_the_same_output_alone_or_in_any_batch(tmp_path: Path) -> No
 
 
 def test_integer_outputs_are_dequantized_by_the_classifier(tmp_path: Path) -> None:
-    from runtime.classifier import Classifier
+    from runtime.classify.classifier import Classifier
 
     int8 = TensorInfo("output", (-1, 10), "int8", 0.25, -3)
     with Classifier.load(str(null_bundle(tmp_path / "bundle", int8)), threads=1, target="cpu") as clf:

@@ -36,8 +36,8 @@ def board(name: str):
 
 def test_llamacpp_reports_the_layers_llama_cpp_placed(smollm) -> None:
     from runtime.backends.llamacpp import LlamaCppBackend, gpu_offload_supported
-    from runtime.gguf_file import read_gguf
-    from runtime.plan import plan_llm
+    from runtime.formats.gguf_file import read_gguf
+    from runtime.llm.plan import plan_llm
 
     plan = plan_llm(read_gguf(smollm.path()), GiB, ctx=512)
     every_layer = dataclasses.replace(cpu_placement("llamacpp"), gpu_layers=ALL_LAYERS)  # every layer asked for
@@ -50,7 +50,7 @@ def test_llamacpp_reports_the_layers_llama_cpp_placed(smollm) -> None:
 
 
 def test_llm_placement_carries_the_measured_offload(smollm) -> None:
-    from runtime.llm import LLM
+    from runtime.llm.model import LLM
 
     with LLM.load(smollm, memory=GiB, ctx=512, threads=1, target="cpu") as llm:
         assert llm.placement.offload.by_device and llm.placement.offload.total == 31

@@ -24,8 +24,8 @@ LLAMA_CUDA = BackendCaps(BackendName.LLAMACPP, installed=True, version="0.3.36",
 
 def _load_with_a_silent_log(smollm, monkeypatch: pytest.MonkeyPatch, *, gpu_build: bool) -> Offload:
     from runtime.backends import llamacpp
-    from runtime.gguf_file import read_gguf
-    from runtime.plan import plan_llm
+    from runtime.formats.gguf_file import read_gguf
+    from runtime.llm.plan import plan_llm
 
     monkeypatch.setattr(llamacpp, "LAYER_DEVICE", re.compile(rb"(?!)(\d+)(\S+)"))  # matches no log line
     monkeypatch.setattr(llamacpp, "gpu_offload_supported", lambda: gpu_build)

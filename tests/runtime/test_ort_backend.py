@@ -94,9 +94,9 @@ def test_threads_spin_only_when_the_placement_has_the_cores_to_itself(tmp_path: 
     from devices.machine import detect
     from devices.placement import resolve_placement
     from runtime.backends.ort import SPIN_KEYS
-    from runtime.bundle import Manifest
-    from runtime.classifier import open_backend
-    from runtime.resolve import ResolvedModel
+    from runtime.bundle.manifest import Manifest
+    from runtime.bundle.resolve import ResolvedModel
+    from runtime.classify.classifier import open_backend
     from tests.devices.conftest import FIXTURES
     from tests.runtime.modelgen import matmul_onnx
 

@@ -1,4 +1,4 @@
-"""The planner's host and device memory once llama.cpp offloads layers (runtime.plan_device.split_by_device).
+"""The planner's host and device memory once llama.cpp offloads layers (runtime.llm.plan_device.split_by_device).
 
 llama.cpp puts layers il >= n_layer + 1 - k on the GPU for n_gpu_layers = k (the output layer is layer n_layer), keeps
 the token embedding on the CPU, keeps each layer's KV cache with the layer, and copies a tied embedding to the output
@@ -16,9 +16,9 @@ import pytest
 
 from devices.gpu_memory import unified_memory
 from devices.machine import detect
-from runtime.gguf_file import read_gguf
-from runtime.plan import plan_llm
-from runtime.plan_device import DEVICE_RUNTIME_OVERHEAD, split_by_device
+from runtime.formats.gguf_file import read_gguf
+from runtime.llm.plan import plan_llm
+from runtime.llm.plan_device import DEVICE_RUNTIME_OVERHEAD, split_by_device
 from tests.devices.conftest import FIXTURES
 from tests.ggufgen import write_tiny
 
@@ -116,7 +116,7 @@ def test_a_load_whose_backend_put_layers_on_a_gpu_carries_the_split(tmp_path: Pa
     """open_llm splits the plan by the offload the backend measured (here a fake that reports the output layer and
     the last two layers on CUDA0), so `edgerun run --json` shows host and device apart."""
     from runtime.backends.base import Offload
-    from runtime.loader import open_llm
+    from runtime.llm.loader import open_llm
     from tests.runtime.fake_backend import FakeBackend
 
     path = write_tiny(tmp_path / "untied.gguf", n_layer=N_LAYER, n_embd=N_EMBD, vocab=VOCAB, kv_tensors=True,

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from runtime.kv import MIN_REUSE, KVSequence, Reuse
-from runtime.prefix_cache import PrefixCache
-from runtime.sampling import SamplingParams
+from runtime.llm.kv import MIN_REUSE, KVSequence, Reuse
+from runtime.llm.prefix_cache import PrefixCache
+from runtime.llm.sampling import SamplingParams
 from tests.runtime.fake_backend import CELL, FakeBackend
 
 
@@ -66,7 +66,7 @@ def test_a_longer_saved_state_is_cut_to_the_prompt_it_serves() -> None:
 # -- the real default model ---------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def smol_llm(smollm):
-    from runtime.llm import LLM
+    from runtime.llm.model import LLM
 
     with LLM.load(smollm, memory="1G", ctx=1024, threads=1) as llm:
         yield llm
@@ -108,10 +108,10 @@ def test_interleaved_chats_get_their_answers_back_from_the_cache(smol_llm) -> No
 def test_the_target_as_its_own_draft_has_every_forced_draft_accepted(smollm) -> None:
     """Guards the draft model's KV sync (positions, the token it starts from, dropped rejected cells): the same
     GGUF drafting greedily proposes exactly the target's greedy tokens, so forced drafts are all accepted. The
-    prompt is shorter than the draft's catch-up window (runtime/draft.py WINDOW): past it the draft restarts on
+    prompt is shorter than the draft's catch-up window (runtime/llm/draft.py WINDOW): past it the draft restarts on
     the context's last WINDOW tokens by design, sees less than the target and proposes otherwise now and then."""
-    from runtime.llm import LLM
-    from runtime.speculative import Adaptive, Speculator
+    from runtime.llm.model import LLM
+    from runtime.llm.speculative import Adaptive, Speculator
 
     class Forced(Adaptive):  # drafts 3 tokens every step, whatever it measures
         def plan(self, limit: int | None = None) -> int:

@@ -1,4 +1,4 @@
-"""runtime.preprocess.load_rgb's bounds: the pixels a decode may produce are checked from the header before any is
+"""runtime.classify.preprocess.load_rgb's bounds: the pixels a decode may produce are checked from the header before any is
 decoded, and an image is decoded at no more than the model needs (a JPEG at 1/2..1/8 scale, others reduced)."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from runtime.bundle import ResizeMode
+from runtime.bundle.manifest import ResizeMode
+from runtime.classify.preprocess import DECODE_BYTES_PER_PIXEL, ImageTooLarge, decode_bytes, load_rgb, needed_side, resize_rgb
 from runtime.errors import BadInput
-from runtime.preprocess import DECODE_BYTES_PER_PIXEL, ImageTooLarge, decode_bytes, load_rgb, needed_side, resize_rgb
 
 Image = pytest.importorskip("PIL.Image")  # the vision extra; the server's classify needs it too
 

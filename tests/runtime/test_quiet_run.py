@@ -64,7 +64,7 @@ def test_the_onnx_checker_message_is_folded_to_one_line(tmp_path: Path) -> None:
     # onnx.checker's message for an unknown op spans three lines ("No Op registered ...\n\n==> Context: ..."):
     # the error a library caller gets is one line too, not only what the CLI prints.
     from runtime.errors import BadInput
-    from runtime.model_files import check_model_file
+    from runtime.formats.model_files import check_model_file
 
     with pytest.raises(BadInput, match="No Op registered for Foo with domain_version of 17 ==> Context: Bad node spec") as err:
         check_model_file(_unknown_op(tmp_path / "m.onnx"), "onnx")

@@ -15,7 +15,7 @@ import pytest
 
 from devices.backends import BackendName
 from runtime.errors import BadInput, DoesNotFit, EdgerunError
-from runtime.residency import ModelSpec, ResidencyManager, share_for, summed_bytes
+from runtime.residency.manager import ModelSpec, ResidencyManager, share_for, summed_bytes
 
 MiB = 1 << 20
 BUDGET = 100 * MiB  # reserve 5 MiB: 95 MiB for models
@@ -365,7 +365,7 @@ def test_real_models_two_llms_and_a_classifier_under_one_plan(smollm, gemma, tmp
     (libllama counted once) but not all three: evictions in LRU order, leases respected, plans equal."""
     import numpy as np
 
-    from runtime.plan import RUNTIME_OVERHEAD
+    from runtime.llm.plan import RUNTIME_OVERHEAD
     from tests.runtime.modelgen import vision_bundle
 
     bundle = vision_bundle(tmp_path / "clf", "onnx")
@@ -427,7 +427,7 @@ def test_an_llm_loaded_with_its_share_makes_the_plan_it_was_admitted_with(smollm
 def test_a_vision_and_an_audio_classifier_share_one_onnx_runtime(tmp_path) -> None:
     """The real classifier loaders: each loads with the plan it was admitted with, and ONNX Runtime's library
     (both run on it; the audio front end too) is counted once."""
-    from runtime.vision_plan import RUNTIME_BYTES
+    from runtime.classify.plan import RUNTIME_BYTES
     from tests.runtime.modelgen import vision_bundle
     from tests.runtime.test_busy_threads import _wake_word_bundle
 
@@ -493,11 +493,11 @@ def test_the_spec_is_kept_as_it_was_added(loader, clock) -> None:
 
 @pytest.mark.slow
 def test_the_llm_loader_plans_and_loads_the_engine_slots_alike(smollm) -> None:
-    """The slots of the spec (else Engine.load's default) reach both the planner and runtime.engine.Engine.load,
+    """The slots of the spec (else Engine.load's default) reach both the planner and runtime.serving.engine.Engine.load,
     ctx per slot, so the engine runs the plan it was admitted with."""
     import inspect
 
-    from runtime.engine import Engine
+    from runtime.serving.engine import Engine
 
     default = inspect.signature(Engine.load).parameters["slots"].default
     with ResidencyManager(1 << 30) as rm:

@@ -7,8 +7,8 @@ import threading
 import pytest
 
 from runtime.errors import BadInput
-from runtime.result_cache import ResultCache
-from runtime.sampling import SamplingParams
+from runtime.llm.sampling import SamplingParams
+from runtime.serving.result_cache import ResultCache
 
 
 class Clock:

@@ -1,4 +1,4 @@
-"""runtime.safety: the filter chain on input and on streamed output, the built-in filters' bounds, and a classifier
+"""runtime.serving.safety: the filter chain on input and on streamed output, the built-in filters' bounds, and a classifier
 filter over a real (tiny, generated) edgerun classifier bundle."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from runtime.errors import BadInput
-from runtime.safety import (
+from runtime.serving.safety import (
     MAX_PATTERN_CHARS,
     MAX_PATTERNS,
     Blocked,
@@ -237,7 +237,7 @@ def test_custom_filter_plugs_into_the_chain() -> None:
 
 @pytest.fixture(scope="module")
 def tiny_classifier(tmp_path_factory: pytest.TempPathFactory):
-    from runtime.classifier import Classifier
+    from runtime.classify.classifier import Classifier
     from tests.runtime.modelgen import vision_bundle
 
     bundle = vision_bundle(tmp_path_factory.mktemp("safety") / "tiny", "onnx")

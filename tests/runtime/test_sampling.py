@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from runtime.errors import BadInput
-from runtime.sampling import SamplingParams
+from runtime.llm.sampling import SamplingParams
 
 # (setting, value, fragment of the one-line error). Each case is a value that used to reach
 # llama.cpp (a TypeError there, a ctypes overflow, or a silently wrapped number) or a class of it.

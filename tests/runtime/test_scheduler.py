@@ -1,4 +1,4 @@
-"""runtime.scheduler without HTTP: ordering, aging, preemption choice and requeue, deadlines, cancellation, bounds.
+"""runtime.serving.scheduler without HTTP: ordering, aging, preemption choice and requeue, deadlines, cancellation, bounds.
 
 A fake clock drives every time-dependent case, so nothing here sleeps except the one cross-thread wake-up.
 """
@@ -12,7 +12,7 @@ import time
 import pytest
 
 from runtime.errors import BadInput, Cancelled, QueueFull
-from runtime.scheduler import Job, Priority, Scheduler
+from runtime.serving.scheduler import Job, Priority, Scheduler
 from tests.test_layering import ROOT, imports_of
 
 URG, INT, BAT = Priority.URGENT, Priority.INTERACTIVE, Priority.BATCH
@@ -305,9 +305,9 @@ def test_concurrent_submitters_and_poppers_lose_and_duplicate_nothing() -> None:
 def test_the_scheduler_and_batcher_use_no_http_and_no_asyncio_and_errors_stays_a_leaf() -> None:
     allowed = set(sys.stdlib_module_names) - {"asyncio", "http", "socket", "socketserver"}
     for name in ("scheduler", "batcher"):
-        for imp in imports_of(ROOT / "runtime" / f"{name}.py", ROOT):
+        for imp in imports_of(ROOT / "runtime" / "serving" / f"{name}.py", ROOT):
             top = imp.module.split(".")[0]
-            assert top in allowed or imp.module in ("runtime.errors", "runtime.scheduler"), str(imp)
+            assert top in allowed or imp.module in ("runtime.errors", "runtime.serving.scheduler"), str(imp)
     assert all(imp.module.split(".")[0] in sys.stdlib_module_names and imp.module.split(".")[0] != "runtime"
                for imp in imports_of(ROOT / "runtime" / "errors.py", ROOT))
 

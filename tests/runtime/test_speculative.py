@@ -1,4 +1,4 @@
-"""runtime/speculative.py without a model: the prompt-lookup drafter, the acceptance rules measured on a small
+"""runtime/llm/speculative.py without a model: the prompt-lookup drafter, the acceptance rules measured on a small
 vocabulary against the target distribution (a chi-square bound that a wrong rule fails), and the adaptive
 controller on simulated step times."""
 
@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import pytest
 
-from runtime.speculative import K_MAX, Adaptive, PromptLookup, expected_tokens, leviathan_accept, verify
+from runtime.llm.speculative import K_MAX, Adaptive, PromptLookup, expected_tokens, leviathan_accept, verify
 
 V = 5
 DRAWS = 20_000

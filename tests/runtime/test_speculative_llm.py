@@ -10,9 +10,9 @@ from collections.abc import Iterator, Sequence
 
 import pytest
 
-from runtime.llm import LLM
-from runtime.sampling import SamplingParams
-from runtime.speculative import Adaptive, PromptLookup, Speculator
+from runtime.llm.model import LLM
+from runtime.llm.sampling import SamplingParams
+from runtime.llm.speculative import Adaptive, PromptLookup, Speculator
 
 pytestmark = pytest.mark.slow  # the real packaged models, end to end
 GiB = 1 << 30
@@ -159,7 +159,7 @@ def test_drafts_are_capped_where_a_verify_batch_computes_other_logits_than_singl
     re-decodes its last token alone, which on this model is itself a rounding apart from the prefill's row."""
     from pathlib import Path
 
-    from runtime.speculative import K_MAX
+    from runtime.llm.speculative import K_MAX
 
     text = (Path(__file__).resolve().parents[2] / "converters" / "data" / "eval.txt").read_text(encoding="utf-8")
     params = SamplingParams(max_tokens=160, temperature=0.0)
@@ -180,7 +180,7 @@ def test_drafts_are_capped_where_a_verify_batch_computes_other_logits_than_singl
 
 def test_the_exact_batch_probe_leaves_the_cache_empty_and_smollm_verifies_every_draft_length(smol) -> None:
     from runtime.backends.llamacpp import llama_cpp
-    from runtime.speculative import K_MAX
+    from runtime.llm.speculative import K_MAX
 
     try:
         smol.backend.decode(smol.tokenize("some context"), 0)

@@ -14,12 +14,12 @@ from pathlib import Path
 import pytest
 
 from apps.cli import main as cli
-from runtime.bundle import MANIFEST, FileEntry, Manifest
+from runtime.bundle.manifest import MANIFEST, FileEntry, Manifest
+from runtime.bundle.recipes import llm_manifest
+from runtime.bundle.store import Store, pack
 from runtime.errors import BadInput
 from runtime.files import sha256_file
-from runtime.gguf_file import read_gguf
-from runtime.recipes import llm_manifest
-from runtime.store import Store, pack
+from runtime.formats.gguf_file import read_gguf
 from tests.ggufgen import write_tiny
 
 

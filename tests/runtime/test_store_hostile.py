@@ -17,11 +17,11 @@ from pathlib import Path
 
 import pytest
 
-import runtime.store
+import runtime.bundle.store
 from apps.cli import main as cli
-from runtime.bundle import MANIFEST, Manifest, check_name, check_version
+from runtime.bundle.manifest import MANIFEST, Manifest, check_name, check_version
+from runtime.bundle.store import MAX_TAR_HEADER, Store, parse_ref
 from runtime.errors import BadInput
-from runtime.store import MAX_TAR_HEADER, Store, parse_ref
 from tests.runtime.test_store import make_bundle_dir, make_transport, snapshot
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -219,7 +219,7 @@ def test_member_larger_than_its_manifest_entry_is_refused_before_copying(store: 
         fh.write(raw_tar([(member(MANIFEST, len(manifest_bytes(good))), manifest_bytes(good))])[:-1024])
         fh.write(member("model.gguf", 4 << 30).tobuf(tarfile.GNU_FORMAT, "utf-8", "surrogateescape"))
         fh.truncate(fh.tell() + (4 << 30) + 1024)  # the 4 GiB body is a hole: cheap here, and never read
-    monkeypatch.setattr(runtime.store, "sha256_stream", _never("copied a member before checking its size"))
+    monkeypatch.setattr(runtime.bundle.store, "sha256_stream", _never("copied a member before checking its size"))
     assert cli(["install", str(bad)]) == 2
     assert f"member 'model.gguf' is {4 << 30} bytes, the manifest says" in one_error_line(capsys)
     assert snapshot(store) == before
@@ -246,7 +246,7 @@ def test_folder_install_checks_sizes_before_copying(store: Store, tmp_path: Path
     directory = make_bundle_dir(tmp_path / "src")
     with open(directory / "model.gguf", "r+b") as fh:
         fh.truncate(4 << 30)  # sparse: 4 GiB by stat(), nothing on disk
-    monkeypatch.setattr(runtime.store, "sha256_stream", _never("copied a file before checking its size"))
+    monkeypatch.setattr(runtime.bundle.store, "sha256_stream", _never("copied a file before checking its size"))
     assert cli(["install", str(directory)]) == 2
     assert f"model.gguf is {4 << 30} bytes, the manifest says" in one_error_line(capsys)
     assert snapshot(store) == []
@@ -320,7 +320,7 @@ def test_pack_writes_the_file_a_link_names(store: Store, tmp_path: Path) -> None
     directory = make_bundle_dir(tmp_path / "src")
     (directory / "model.gguf").rename(directory / "real.bin")
     (directory / "model.gguf").symlink_to("real.bin")
-    out = runtime.store.pack(directory, tmp_path / "x.edgerun")
+    out = runtime.bundle.store.pack(directory, tmp_path / "x.edgerun")
     with tarfile.open(out) as tar:
         assert [(m.name, m.isreg()) for m in tar] == [(MANIFEST, True), ("model.gguf", True)]
     assert store.install(out).ref == "tiny@1.0"

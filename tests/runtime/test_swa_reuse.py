@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import pytest
 
-from runtime.llm import LLM
-from runtime.sampling import SamplingParams
+from runtime.llm.model import LLM
+from runtime.llm.sampling import SamplingParams
 
 GiB = 1 << 30
 

@@ -1,4 +1,4 @@
-"""runtime.tts: the Piper voice in edgerun's ONNX Runtime session, a sentence at a time; espeak-ng as the fallback."""
+"""runtime.speech.tts: the Piper voice in edgerun's ONNX Runtime session, a sentence at a time; espeak-ng as the fallback."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from runtime.errors import BadInput, MissingDependency
-from runtime.resample import resample
-from runtime.tts import MAX_CHARS, MAX_PIECE_CHARS, EspeakTTS, PiperTTS, load_tts, pieces
+from runtime.speech.resample import resample
+from runtime.speech.tts import MAX_CHARS, MAX_PIECE_CHARS, EspeakTTS, PiperTTS, load_tts, pieces
 from tests.runtime.speech_clips import RATE, shared, word_error_rate
 
 pytestmark = pytest.mark.slow

@@ -1,4 +1,4 @@
-"""runtime.vad: Silero VAD v6 through ONNX Runtime on the checked model file, and speech start/end events."""
+"""runtime.speech.vad: Silero VAD v6 through ONNX Runtime on the checked model file, and speech start/end events."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from runtime.errors import BadInput, MissingDependency
-from runtime.speech_models import SpeechRecipe, find_recipe, locate, resolve_speech
-from runtime.vad import FRAME, FRAME_S, MODEL_FILE, SileroVAD, SpeechSegmenter
+from runtime.speech.models import SpeechRecipe, find_recipe, locate, resolve_speech
+from runtime.speech.vad import FRAME, FRAME_S, MODEL_FILE, SileroVAD, SpeechSegmenter
 from tests.runtime.speech_clips import PHRASES, RATE, shared, silence, spoken
 
 

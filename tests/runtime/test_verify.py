@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-import runtime.bundle
+import runtime.bundle.manifest
 from apps.cli import main as cli
-from runtime.bundle import MANIFEST
+from runtime.bundle.manifest import MANIFEST
+from runtime.bundle.resolve import resolve
+from runtime.bundle.store import Store
 from runtime.errors import BadInput
-from runtime.resolve import resolve
-from runtime.store import Store
 from tests.ggufgen import write_tiny
 from tests.runtime.test_store import make_bundle_dir, make_transport, snapshot
 
@@ -22,14 +22,14 @@ from tests.runtime.test_store import make_bundle_dir, make_transport, snapshot
 def hashed(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The files hashed in full, in order: a spy around the real sha256_file."""
     seen: list[str] = []
-    real = runtime.bundle.sha256_file
+    real = runtime.bundle.manifest.sha256_file
 
     def spy(path, *args, **kwargs):
         seen.append(Path(os.path.realpath(path)).name)  # the file a /proc/self/fd/N path names
         return real(path, *args, **kwargs)
 
-    monkeypatch.setattr(runtime.bundle, "sha256_file", spy)
-    monkeypatch.setattr("runtime.resolve.sha256_file", spy)
+    monkeypatch.setattr(runtime.bundle.manifest, "sha256_file", spy)
+    monkeypatch.setattr("runtime.bundle.resolve.sha256_file", spy)
     return seen
 
 
@@ -194,7 +194,7 @@ def test_a_different_bundle_under_an_installed_version_is_refused(store: Store, 
 @pytest.mark.slow
 def test_bench_an_edgerun_file_at_two_thread_counts(store: Store, digit_bundles: dict[str, Path], tmp_path: Path, capsys) -> None:
     """bench resolves once per thread count: the second resolve failed with "already installed"."""
-    from runtime.store import pack
+    from runtime.bundle.store import pack
 
     bundle = pack(digit_bundles["onnx"], tmp_path / "digits.edgerun")
     for _ in range(2):

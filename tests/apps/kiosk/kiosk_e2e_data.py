@@ -67,7 +67,7 @@ def write_bundle(directory: Path, version: str, w: np.ndarray, b: np.ndarray) ->
 
 def features(images: list[np.ndarray], spec) -> np.ndarray:
     """What the bundle's graph computes before its linear layer, in numpy (NCHW block means, flattened)."""
-    from runtime import preprocess
+    from runtime.classify import preprocess
 
     x = preprocess.normalize(np.stack([preprocess.resize_rgb(im, spec) for im in images]), spec)  # N,3,S,S
     k = SIZE // GRID
@@ -78,7 +78,7 @@ def teach_bundle(data: Path, out: Path, version: str = "1") -> Path:
     """Fit the linear layer on ``data/teach`` and write the bundle to ``out``."""
     from sklearn.linear_model import LogisticRegression
 
-    from runtime.resolve import resolve
+    from runtime.bundle.resolve import resolve
 
     probe = write_bundle(out.parent / f".{out.name}-probe", "0", np.zeros((3 * GRID * GRID, 2)), np.zeros(2))
     spec = resolve(str(probe)).manifest.vision

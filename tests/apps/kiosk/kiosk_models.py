@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from apps.kiosk.types import Part
-from runtime.residency_loaders import VisionLoader
+from runtime.residency.loaders import VisionLoader
 from tests.runtime.modelgen import onnx_model
 
 LABELS = ("good", "scratch", "spot")

@@ -324,7 +324,7 @@ def test_the_real_pipeline_feeds_the_page(browser: webdriver.Chrome, tmp_path: P
     from apps.kiosk.pipeline import Pipeline
     from apps.kiosk.policy import Policy
     from apps.kiosk.state import Follower
-    from runtime.residency import ModelSpec, ResidencyManager
+    from runtime.residency.manager import ModelSpec, ResidencyManager
     from tests.apps.kiosk.kiosk_models import anomaly_bundle, part
 
     bundle = anomaly_bundle(tmp_path / "anomaly", "3")

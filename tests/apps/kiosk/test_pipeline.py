@@ -17,7 +17,7 @@ from apps.kiosk.pipeline import FAILSAFE, Pipeline
 from apps.kiosk.policy import Policy
 from apps.kiosk.types import Decision, Part, Verdict
 from runtime.errors import BadInput
-from runtime.residency import ModelSpec, ResidencyManager
+from runtime.residency.manager import ModelSpec, ResidencyManager
 from tests.apps.kiosk.kiosk_models import V2, TimedLoader, anomaly_bundle, kiosk_bundle, part
 
 POLICY = Policy.from_config({"good": ["good"], "uncertain": "review"})
@@ -277,7 +277,7 @@ def test_a_swap_loads_beside_the_deciding_version_so_the_line_never_waits_for_it
 
 def test_a_swap_without_room_for_two_versions_swaps_in_place(bundles: dict[str, Path],
                                                               caplog: pytest.LogCaptureFixture) -> None:
-    from runtime.residency import RESERVE_FRACTION
+    from runtime.residency.manager import RESERVE_FRACTION
 
     spec = ModelSpec("parts", str(bundles["1"]), "vision", pinned=True, options={"threads": 1, "batch": 8})
     with ResidencyManager(1 << 30) as probe:

@@ -59,8 +59,8 @@ def _scores(det, paths: list[Path]) -> np.ndarray:
 
 @pytest.mark.slow
 def test_teach_from_good_parts_alone_tells_defects_apart(taught) -> None:  # noqa: F811
-    from runtime.anomaly import AnomalyDetector
-    from runtime.bundle import read_manifest_dir
+    from runtime.bundle.manifest import read_manifest_dir
+    from runtime.classify.anomaly import AnomalyDetector
 
     assert taught.exit_code == 0
     manifest = read_manifest_dir(taught.bundle)
@@ -81,7 +81,7 @@ def test_teach_from_good_parts_alone_tells_defects_apart(taught) -> None:  # noq
 
 @pytest.mark.slow
 def test_defective_images_tune_the_threshold_and_train_a_head(taught_supervised, taught) -> None:  # noqa: F811
-    from runtime.anomaly import AnomalyDetector
+    from runtime.classify.anomaly import AnomalyDetector
 
     rep = taught_supervised.report
     assert taught_supervised.exit_code == 0 and set(rep["defect_types"]) == set(TAUGHT)
@@ -101,7 +101,7 @@ def test_defective_images_tune_the_threshold_and_train_a_head(taught_supervised,
 
 @pytest.mark.slow
 def test_taught_versions_install_and_roll_back(taught, taught_supervised, store) -> None:  # noqa: F811
-    from runtime.anomaly import AnomalyDetector
+    from runtime.classify.anomaly import AnomalyDetector
 
     first = store.install(taught.bundle)
     second = store.install(taught_supervised.bundle)
@@ -121,7 +121,7 @@ def test_teaching_images_are_decoded_one_at_a_time(tmp_path: Path) -> None:
     from PIL import Image
 
     from converters.anomaly.teach import load_images
-    from runtime.bundle import Layout, ResizeMode, VisionSpec
+    from runtime.bundle.manifest import Layout, ResizeMode, VisionSpec
 
     files = []
     for i in range(10):

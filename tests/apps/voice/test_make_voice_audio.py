@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from runtime.audio import read_wav
+from runtime.classify.audio_frontend import read_wav
 from scripts import make_voice_audio as mva
 from tests.apps.voice.voice_audio import TEST_VOICES, judge, voice_corpus  # noqa: F401  (fixtures)
 

@@ -1,6 +1,6 @@
 """The voice pipeline's stage plumbing (bounded queues, streaming, barge-in, failures back to listening), on WAV
 input through the real reader and writer. The speech models are small stand-ins here (an energy VAD, a scripted
-recognizer, a tone voice, a scripted engine behind runtime.engine's own GenHandle) so each test controls timing;
+recognizer, a tone voice, a scripted engine behind runtime.serving.engine's own GenHandle) so each test controls timing;
 the real Silero VAD hears noise and silence, and a real SmolLM2 Engine holds the conversation memory.
 tests/apps/voice/test_voice_cli.py runs the whole assistant on real models."""
 
@@ -22,11 +22,11 @@ from apps.voice.audio_io import WavSink, WavSource
 from apps.voice.conversation import Conversation
 from apps.voice.pipeline import Models, Options, Pipeline
 from apps.voice.types import FRAME_SAMPLES, SAMPLE_RATE, AudioChunk, Mark, Stage, StageError, TurnEvent
-from runtime.engine_requests import EngineResult, Event, GenHandle, GenRequest
 from runtime.errors import BackendError, BadInput, Cancelled
-from runtime.sampling import SamplingParams
-from runtime.scheduler import Job, Priority
-from runtime.wav import write_wav
+from runtime.formats.wav import write_wav
+from runtime.llm.sampling import SamplingParams
+from runtime.serving.engine_requests import EngineResult, Event, GenHandle, GenRequest
+from runtime.serving.scheduler import Job, Priority
 
 
 # -- stand-ins for the models ----------------------------------------------------------------------------------
@@ -103,7 +103,7 @@ class ToneVoice:
 
 
 class ScriptedEngine:
-    """runtime.engine.Engine's request surface: answers(prompt text) -> the answer, streamed word by word
+    """runtime.serving.engine.Engine's request surface: answers(prompt text) -> the answer, streamed word by word
     (``word_s`` apart) through a real GenHandle; Cancelled as the engine would end a cancelled request."""
 
     def __init__(self, answer: Any, word_s: float = 0.0) -> None:
@@ -273,7 +273,7 @@ def test_a_file_read_fast_is_answered_one_question_at_a_time(tmp_path: Path) -> 
 
 
 def test_noise_and_silence_make_no_turn(tmp_path: Path) -> None:
-    from runtime.vad import SpeechSegmenter
+    from runtime.speech.vad import SpeechSegmenter
     from tests.runtime.speech_clips import shared
 
     rng = np.random.default_rng(0)
@@ -333,7 +333,7 @@ def test_wav_input_other_rates_are_resampled_too_low_refused_clipped_warned(tmp_
 # -- conversation memory on the real engine -----------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def engine(smollm):
-    from runtime.engine import Engine
+    from runtime.serving.engine import Engine
 
     with Engine.load(smollm, ctx=512, slots=1) as eng:
         yield eng
@@ -361,7 +361,7 @@ def test_conversation_memory_keeps_the_system_prompt_and_reports_dropped_turns(e
 @pytest.fixture(scope="module")
 def alexa(tmp_path_factory: pytest.TempPathFactory):
     from apps.cli import main as edgerun
-    from runtime.audio_classifier import AudioClassifier
+    from runtime.classify.audio_classifier import AudioClassifier
     from tests.converters.audio.speech import OTHER, WAKE, synthesize
 
     root = tmp_path_factory.mktemp("alexa")
@@ -378,7 +378,7 @@ def alexa(tmp_path_factory: pytest.TempPathFactory):
 @pytest.mark.slow
 def test_wake_word_is_detected_on_the_stream_and_opens_the_turn(tmp_path: Path, alexa) -> None:
     from apps.voice.models import WakeWordDetector
-    from runtime.vad import SpeechSegmenter
+    from runtime.speech.vad import SpeechSegmenter
     from tests.runtime.speech_clips import shared, silence, spoken
 
     detector = WakeWordDetector(alexa, "alexa")
@@ -412,7 +412,7 @@ def test_wake_word_must_be_a_detector_at_16_khz(alexa) -> None:
 def _espeak_alexa(voice: str) -> np.ndarray:
     """espeak-ng's "Alexa." (one of the benchmark's voices) at 16 kHz on a quiet noise floor, after 2.6 s of that floor
     (a stream that has been listening: every window that reaches the word is real audio)."""
-    from runtime.resample import resample
+    from runtime.speech.resample import resample
     from scripts import make_voice_audio as mva
 
     x, rate = mva.say(mva.WAKE_PHRASE, mva.VOICES[voice])
@@ -461,7 +461,7 @@ def test_a_stream_restarted_in_a_rooms_steady_noise_does_not_fire(alexa) -> None
     the alexa head: a false wake right after an answer (the end-to-end test, once in CI). The windows before a
     stream are now made of its own background, so steady noise scores as noise however the stream is cut."""
     from apps.voice.models import WakeWordDetector
-    from runtime.resample import resample
+    from runtime.speech.resample import resample
     from scripts.make_voice_audio import floor_noise, silence
 
     detector = WakeWordDetector(alexa, "alexa")
@@ -479,10 +479,10 @@ def test_a_stream_restarted_in_a_rooms_steady_noise_does_not_fire(alexa) -> None
 
 @pytest.mark.slow
 def test_one_grid_of_the_stream_is_the_whole_clips_windows(alexa) -> None:
-    """WakeStream with one grid scores exactly the windows the whole-clip front end scores (runtime.audio), for every
+    """WakeStream with one grid scores exactly the windows the whole-clip front end scores (runtime.classify.audio_frontend), for every
     window inside the audio, however the audio is cut into blocks."""
     from apps.voice.wake import WakeStream
-    from runtime.audio import OWW_MIN_SAMPLES
+    from runtime.classify.audio_frontend import OWW_MIN_SAMPLES
     from tests.runtime.speech_clips import spoken
 
     x = np.concatenate([_espeak_alexa("espeak-en-us"), 0.5 * spoken("What is the capital of France?")])
@@ -505,7 +505,7 @@ def test_a_long_piece_of_audio_is_scored_a_step_at_a_time(alexa) -> None:
     """However much audio a caller hands over at once (a Wyoming chunk may hold 30 s), the detector scores one step's
     windows at a time: the working memory the memory plan counts (apps/voice/plan.py) is one step's."""
     from apps.voice.wake import MAX_STEP_SAMPLES, PHASES, WakeStream
-    from runtime.audio import OWW_HOP_SAMPLES
+    from runtime.classify.audio_frontend import OWW_HOP_SAMPLES
     from tests.runtime.speech_clips import spoken
 
     class Counting:

@@ -30,8 +30,8 @@ def _rows(plan) -> dict:
 
 def test_the_voice_llm_is_planned_without_a_prefix_cache(smollm) -> None:
     from apps.voice.plan import VoiceModels, plan_voice
-    from runtime.residency import ModelSpec
-    from runtime.residency_loaders import LLMLoader
+    from runtime.residency.loaders import LLMLoader
+    from runtime.residency.manager import ModelSpec
 
     plan = plan_voice(VoiceModels(), 2 << 30)
     llm = _rows(plan)["llm"]
@@ -42,7 +42,7 @@ def test_the_voice_llm_is_planned_without_a_prefix_cache(smollm) -> None:
 
 def test_onnx_runtime_is_one_term_for_the_vad_the_voice_and_the_wake_word(tmp_path: Path, smollm) -> None:
     from apps.voice.plan import VoiceModels, plan_voice
-    from runtime.speech_models import ORT_RUNTIME_BYTES
+    from runtime.speech.models import ORT_RUNTIME_BYTES
     from tests.runtime.test_busy_threads import _wake_word_bundle
 
     bundle = _wake_word_bundle(tmp_path / "wake")
@@ -57,8 +57,8 @@ def test_onnx_runtime_is_one_term_for_the_vad_the_voice_and_the_wake_word(tmp_pa
 def test_the_wake_word_is_planned_as_the_detector_runs_it(tmp_path: Path, smollm) -> None:
     """The detector scores one hop's windows; ``edgerun classify``'s plan for the same bundle holds a 30 s segment."""
     from apps.voice.plan import VoiceModels, hop_windows, plan_voice
-    from runtime.residency import ModelSpec
-    from runtime.residency_loaders import AudioLoader
+    from runtime.residency.loaders import AudioLoader
+    from runtime.residency.manager import ModelSpec
     from tests.runtime.test_busy_threads import _wake_word_bundle
 
     bundle = str(_wake_word_bundle(tmp_path / "wake"))

@@ -82,7 +82,7 @@ def test_line_breaks_end_pieces_and_every_piece_is_speakable() -> None:
 
 def test_default_bound_is_what_the_voice_takes_in_one_piece() -> None:
     from apps.voice.sentences import MAX_CHARS
-    from runtime.tts import MAX_PIECE_CHARS
+    from runtime.speech.tts import MAX_PIECE_CHARS
 
     assert MAX_CHARS <= MAX_PIECE_CHARS  # a longer piece would be cut again inside TTS, at worse places
 

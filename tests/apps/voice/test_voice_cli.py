@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from apps.cli import main
-from runtime.wav import write_wav
+from runtime.formats.wav import write_wav
 
 RATE = 16_000
 
@@ -92,7 +92,7 @@ def test_spoken_question_in_spoken_answer_out(capsys, tmp_path: Path, smollm) ->
     summary = events[-1]
     assert summary["event"] == "voice.summary" and summary["turns"] == 1
     assert summary["latency_ms"]["first_audio"]["n"] == 1
-    from runtime.audio import read_wav
+    from runtime.classify.audio_frontend import read_wav
 
     answer, rate = read_wav(tmp_path / "a.wav")
     assert len(answer) / rate > 0.5 and float(np.abs(answer).max()) > 0.05  # a spoken answer, not silence
@@ -103,10 +103,10 @@ def test_spoken_question_in_spoken_answer_out(capsys, tmp_path: Path, smollm) ->
 @pytest.mark.skipif(shutil.which("espeak-ng") is None, reason="Debian's espeak-ng is not installed (apt-get install espeak-ng)")
 def test_the_espeak_ng_voice_answers_end_to_end(capsys, tmp_path: Path, smollm) -> None:
     """``--tts espeak-ng``: the whole assistant speaks through Debian's espeak-ng program, and what it said is heard
-    back by Whisper (runtime.asr) as the sentences the LLM wrote."""
+    back by Whisper (runtime.speech.asr) as the sentences the LLM wrote."""
     import re
 
-    from runtime.audio import load_audio
+    from runtime.classify.audio_frontend import load_audio
     from tests.runtime.speech_clips import shared, silence, spoken
 
     question = np.concatenate([silence(0.5), spoken("What is the capital of France?"), silence(0.3)])

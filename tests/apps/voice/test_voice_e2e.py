@@ -4,7 +4,7 @@ scripts/make_voice_audio.py.
 
 - the wake word is detected once per turn that says it, and never in speech or noise without it;
 - the transcript of each turn matches what was asked after the wake word (word error rate reported);
-- the spoken answer, transcribed back by an independent Whisper (faster-whisper directly, not edgerun's runtime.asr),
+- the spoken answer, transcribed back by an independent Whisper (faster-whisper directly, not edgerun's runtime.speech.asr),
   is non-empty and on topic for simple factual questions, in the order they were asked.
 """
 

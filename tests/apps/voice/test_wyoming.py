@@ -38,7 +38,7 @@ from wyoming.wake import Detect, Detection
 from apps.cli import main as edgerun
 from apps.voice.wyoming_server import MAX_EVENT_BYTES, check_uri
 from runtime.errors import BadInput
-from runtime.resample import resample
+from runtime.speech.resample import resample
 from tests.converters.audio.speech import OTHER, WAKE, synthesize
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -53,7 +53,7 @@ def _pcm16(x: np.ndarray) -> bytes:
 
 
 def _read_wav(path: Path) -> tuple[np.ndarray, int]:
-    from runtime.audio import read_wav
+    from runtime.classify.audio_frontend import read_wav
 
     return read_wav(path)
 

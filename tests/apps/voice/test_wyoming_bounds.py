@@ -33,12 +33,12 @@ from wyoming.wake import Detect
 from apps.cli import main as edgerun
 from apps.voice.wyoming_server import IDLE_SECONDS, MAX_CONNECTIONS, MAX_TRANSCRIBE_SECONDS, Served, WyomingService
 from runtime.errors import BadInput
-from runtime.resample import Resampler, resample
+from runtime.speech.resample import Resampler, resample
 from scripts import make_voice_audio as mva
 from tests.apps.voice.test_wyoming import LiveWyoming, _args, _pcm16, _read_wav, _stream
 from tests.apps.voice.voice_audio import voice_corpus, wake_bundle  # noqa: F401  (session fixtures)
 
-HIGH = 384_000  # the highest rate the server takes (runtime.wav.MAX_RATE)
+HIGH = 384_000  # the highest rate the server takes (runtime.formats.wav.MAX_RATE)
 
 
 @pytest.fixture
@@ -197,7 +197,7 @@ def test_audio_is_held_at_16_khz_whatever_rate_it_arrives_at(bare: tuple[Wyoming
 
 def test_a_streamed_resample_is_the_whole_clips() -> None:
     """The server's resampler, fed chunk by chunk, gives what the whole-clip resampler gives (same chunking), and with
-    its shorter chunk stays within runtime/resample.py's stated tolerance for speech-band content."""
+    its shorter chunk stays within runtime/speech/resample.py's stated tolerance for speech-band content."""
     rng = np.random.default_rng(3)
     t = np.arange(int(3.3 * 44100)) / 44100
     x = (0.3 * np.sin(2 * np.pi * 300 * t) + 0.1 * np.sin(2 * np.pi * 2500 * t)) * np.clip(np.minimum(t, t[-1] - t) / 0.3, 0, 1)

@@ -1,6 +1,6 @@
 """Spoken test audio for the voice tests: the corpus of scripts/make_voice_audio.py, synthesized once per process,
 and an independent judge that transcribes audio (faster-whisper directly on the packaged tiny.en, not edgerun's
-runtime.asr, so a fault in edgerun's ASR cannot hide itself).
+runtime.speech.asr, so a fault in edgerun's ASR cannot hide itself).
 
 Import the fixtures into a test module (``from tests.apps.voice.voice_audio import voice_corpus, judge``): each
 module that imports them gets its own fixture definitions, so what they make is cached here, once per process.
@@ -40,8 +40,8 @@ class Judge:
                                   cpu_threads=2)
 
     def transcribe(self, audio: Path | np.ndarray, rate: int | None = None) -> str:
-        from runtime.audio import load_audio
-        from runtime.resample import resample
+        from runtime.classify.audio_frontend import load_audio
+        from runtime.speech.resample import resample
 
         if isinstance(audio, Path):
             samples = load_audio(audio, 16000).samples
@@ -85,8 +85,8 @@ def wake_bundle(voice_corpus: mva.Corpus, tmp_path_factory: pytest.TempPathFacto
 def session_wav(corpus: mva.Corpus, clips: list[mva.Clip], path: Path, gap_s: float = 1.0) -> Path:
     """The clips one after another (each already ends in silence), ``gap_s`` more silence between them: one input
     file for one session of the assistant."""
-    from runtime.audio import read_wav
-    from runtime.wav import write_wav
+    from runtime.classify.audio_frontend import read_wav
+    from runtime.formats.wav import write_wav
 
     parts = []
     for c in clips:

@@ -11,7 +11,7 @@ import pytest
 
 from apps.cli import main as edgerun
 from converters.vision.gate import compare
-from runtime.bundle import read_manifest_dir, verify_dir
+from runtime.bundle.manifest import read_manifest_dir, verify_dir
 from tests.converters.audio.speech import OTHER, WAKE, synthesize
 
 
@@ -93,7 +93,7 @@ def _npz(path: Path, **arrays: np.ndarray) -> Path:
 
 
 def _silence(tmp: Path) -> Path:
-    from runtime.audio import write_wav
+    from runtime.classify.audio_frontend import write_wav
 
     folder = tmp / "silence"
     folder.mkdir()
@@ -172,13 +172,13 @@ def test_bench_times_the_head_and_the_front_end(bundles: dict[str, Path], capsys
 
 def test_long_files_go_by_segments_with_the_same_windows(bundles: dict[str, Path], speech: dict[str, object]) -> None:
     """A 70 s recording (three segments) gives the windows of the whole clip at once, and finds every wake word."""
-    from runtime.audio import load_audio
-    from runtime.audio_classifier import AudioClassifier
+    from runtime.classify.audio_classifier import AudioClassifier
+    from runtime.classify.audio_frontend import load_audio
 
     clips = [load_audio(p, 16000).samples for p in speech["paths"]]  # type: ignore[attr-defined]
     long = np.concatenate([np.concatenate([c, np.zeros(8000, np.float32)]) for c in clips * 4])[: 70 * 16000]
     with AudioClassifier.load(str(bundles["tflite-int8"]), threads=1) as clf:
-        from runtime.audio import Audio
+        from runtime.classify.audio_frontend import Audio
 
         audio = Audio(long, 16000)
         parts = list(clf.segments(audio))
@@ -193,7 +193,7 @@ def test_long_files_go_by_segments_with_the_same_windows(bundles: dict[str, Path
 
 def test_mel_in_chunks_equals_mel_at_once() -> None:
     from converters.audio import zoo
-    from runtime.audio import OWW_MEL_CHUNK_FRAMES, OpenWakeWordFrontEnd
+    from runtime.classify.audio_frontend import OWW_MEL_CHUNK_FRAMES, OpenWakeWordFrontEnd
 
     fe = OpenWakeWordFrontEnd(*zoo.frontend_files())
     try:

@@ -14,8 +14,8 @@ import pytest
 from apps.cli import main as cli
 from converters.llm import ConvertOptions, Quant, convert
 from converters.llm.progress import Progress
-from runtime.bundle import read_manifest_dir, verify_dir
-from runtime.store import Store
+from runtime.bundle.manifest import read_manifest_dir, verify_dir
+from runtime.bundle.store import Store
 
 QUALITY_KEYS = {"ppl_f16", "ppl_quant", "kl_mean", "kl_p99", "kl_max", "top1_agreement", "tokens", "max_kl", "passed"}
 
@@ -91,7 +91,7 @@ def test_progress_draws_only_when_asked() -> None:
 
 def test_runtime_and_converter_import_no_torch() -> None:
     # The runtime must never import torch/transformers; the converter only in its parity helpers.
-    code = ("import sys, runtime.llm, apps.cli, converters.llm.pipeline, apps.cli.convert_llm; "
+    code = ("import sys, runtime.llm.model, apps.cli, converters.llm.pipeline, apps.cli.convert_llm; "
             "bad = [m for m in ('torch', 'transformers', 'safetensors', 'matplotlib') if m in sys.modules]; "
             "print(bad); sys.exit(1 if bad else 0)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from apps.cli import main as cli
-from runtime.bundle import read_manifest_dir
+from runtime.bundle.manifest import read_manifest_dir
 
 ROOT = Path(__file__).resolve().parents[3]
 

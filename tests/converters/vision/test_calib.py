@@ -11,7 +11,7 @@ import pytest
 
 from apps.cli import main as edgerun
 from converters.vision.calib import HOLD_OUT_EVERY, MIN_CALIBRATION, MIN_EVALUATION, Samples, balanced, hold_out, load_samples
-from runtime.bundle import VisionSpec
+from runtime.bundle.manifest import VisionSpec
 from runtime.errors import BadInput
 from tests.converters.vision.conftest import convert_args
 from tests.converters.vision.digits import Digits

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from apps.cli import main as edgerun
-from runtime.bundle import Layout, read_manifest_dir, verify_dir
+from runtime.bundle.manifest import Layout, read_manifest_dir, verify_dir
 from tests.converters.vision.conftest import convert_args
 from tests.converters.vision.digits import Digits
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from apps.cli import main as edgerun
-from runtime.bundle import Layout, read_manifest_dir
+from runtime.bundle.manifest import Layout, read_manifest_dir
 from tests.converters.vision.digits import LABELS, MEAN, STD, Digits, make_keras_digits
 
 

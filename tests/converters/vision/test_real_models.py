@@ -57,8 +57,8 @@ def _float_correct(model: str, photo_sets) -> list[bool]:
     import torch
 
     from converters.vision import zoo
-    from runtime.bundle import VisionSpec
-    from runtime.preprocess import image_tensor
+    from runtime.bundle.manifest import VisionSpec
+    from runtime.classify.preprocess import image_tensor
 
     ph = photo_sets[0]
     entry = zoo.find(model)
@@ -118,8 +118,8 @@ def test_default_gate_refuses_a_broken_conversion(photo_sets, tmp_path: Path, ca
     import numpy as np
 
     from converters.vision import zoo
-    from runtime.bundle import Layout, VisionSpec
-    from runtime.preprocess import image_tensor, load_rgb
+    from runtime.bundle.manifest import Layout, VisionSpec
+    from runtime.classify.preprocess import image_tensor, load_rgb
 
     _, _, calib, ev = photo_sets
     entry = zoo.find("mobilenet-v2")

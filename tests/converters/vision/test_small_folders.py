@@ -51,8 +51,8 @@ def test_a_good_conversion_on_168_photos_passes(folders: tuple[Path, Path], tmp_
 def test_broken_calibrations_are_still_refused_on_a_small_set(folders: tuple[Path, Path], tmp_path: Path, fraction: float,
                                                               capsys: pytest.CaptureFixture[str]) -> None:
     from converters.vision import zoo
-    from runtime.bundle import Layout, VisionSpec
-    from runtime.preprocess import image_tensor, load_rgb
+    from runtime.bundle.manifest import Layout, VisionSpec
+    from runtime.classify.preprocess import image_tensor, load_rgb
 
     mine, scored = folders
     entry = zoo.find("efficientnet-lite0")

@@ -1,0 +1,176 @@
+"""Chat: render the model's own chat template and keep the conversation in context.
+
+The template is the Jinja2 text shipped in the GGUF (``tokenizer.chat_template``),
+rendered in a bounded sandbox (runtime/llm/chat_template.py). Only the template's own
+markers become control tokens; message content is tokenized as text
+(runtime/llm/chat_tokens.py). When a conversation no longer fits, the oldest turns are
+dropped (never the system prompt) and the drop is reported; the engine then
+shifts the cached turns that remain instead of recomputing them.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from runtime.errors import BadInput
+from runtime.llm.chat_template import ChatTemplate
+from runtime.llm.generation import Generation, Truncation, answer_room
+from runtime.llm.prefix_cache import common_prefix
+from runtime.llm.sampling import SamplingParams
+
+if TYPE_CHECKING:
+    from runtime.llm.model import LLM
+
+log = logging.getLogger(__name__)
+ROLES = ("system", "user", "assistant")
+MAX_MESSAGES = 2048  # messages in one chat (OpenAI's own limit): each one is rendered, counted and tokenized
+MAX_CHAT_CHARS = 4 << 20  # characters of content in one chat, all messages together
+
+
+def check_messages(messages: Any) -> list[dict[str, str]]:
+    """``messages`` checked: a non-empty list of at most :data:`MAX_MESSAGES` role/content dicts, at most
+    :data:`MAX_CHAT_CHARS` characters of content in all, the last one the user's (BadInput otherwise)."""
+    if not isinstance(messages, list) or not messages:
+        raise BadInput("a chat needs a non-empty list of messages")
+    if len(messages) > MAX_MESSAGES:  # before any per-message work
+        raise BadInput(f"a chat of {len(messages)} messages is too long: at most {MAX_MESSAGES} are accepted")
+    for i, msg in enumerate(messages):
+        if not isinstance(msg, dict) or msg.get("role") not in ROLES or not isinstance(msg.get("content"), str):
+            raise BadInput(f"message {i} must be {{'role': one of {', '.join(ROLES)}, 'content': text}}, got {msg!r}"[:300])
+    chars = sum(len(m["content"]) for m in messages)
+    if chars > MAX_CHAT_CHARS:
+        raise BadInput(f"a chat of {chars} characters of content is too long: at most {MAX_CHAT_CHARS} are accepted")
+    if messages[-1]["role"] != "user":
+        raise BadInput("the last message of a chat must come from the user")
+    return messages
+
+
+def start_chat(llm: LLM, messages: list[dict[str, str]], params: SamplingParams,
+               interrupt: Callable[[], None] | None = None) -> Generation:
+    """The conversation as the model's prompt, started on ``llm``; the oldest exchanges dropped when it does not fit.
+
+    ``interrupt``: called before each rendering; it raises to stop the fitting (a deadline passed, the client left).
+    """
+    messages = check_messages(list(messages))
+    template = llm.chat_template
+    system = [m for m in messages if m["role"] == "system"][:1]
+    rest = [m for m in messages if m not in system]
+    room = answer_room(params.max_tokens, llm.n_ctx)
+    if interrupt is not None:
+        interrupt()
+    whole = _tokens(llm, template, system + rest)
+    tokens, dropped_msgs = whole, 0
+    if len(whole) + room > llm.n_ctx and len(rest) > 1:
+        # Once turns must go, free a quarter of the context more than needed, so that the
+        # next few turns fit without another drop (each drop costs a cache shift).
+        limit = llm.n_ctx - llm.n_ctx // 4
+        dropped_msgs, tokens = _fit(lambda start: _tokens(llm, template, system + rest[start:]), rest, room, limit, interrupt)
+    truncations = [Truncation("turns", len(whole) - len(tokens), 0, dropped_msgs)] if dropped_msgs else []
+    if dropped_msgs:
+        log.warning("conversation exceeds the %d-token context: dropped the %d oldest messages", llm.n_ctx, dropped_msgs)
+    n_keep = 0
+    if system:
+        head = _tokens(llm, template, system, add_generation_prompt=False)
+        n_keep = common_prefix(head, tokens)
+    return llm.start(tokens, params, n_keep=n_keep, truncations=truncations)
+
+
+def _fit(render: Callable[[int], list[int]], rest: list[dict[str, str]], room: int, limit: int,
+         interrupt: Callable[[], None] | None) -> tuple[int, list[int]]:
+    """(messages dropped, tokens): the longest tail of whole exchanges whose rendering leaves ``room`` within
+    ``limit``, else the last message alone. ``render(start)``: the tokens of the conversation kept from ``start``.
+
+    The result is that of dropping the oldest exchange (the messages up to the next user message) and rendering
+    again until the conversation fits, but found with at most 2 log2(exchanges) + 1 renderings instead of one per
+    exchange: a search from the newest end, doubling its step, then halving it. Each candidate is rendered whole,
+    so a template that renders a message by its position (the first turn, a count of turns) is still exact; the
+    search assumes that dropping an exchange never lengthens the rendering. The whole conversation is known not to fit.
+    """
+    starts = [0] + [i for i in range(1, len(rest)) if rest[i]["role"] == "user"]  # where a kept tail may begin
+    seen: dict[int, list[int]] = {}
+
+    def fits(k: int) -> bool:
+        if k not in seen:
+            if interrupt is not None:
+                interrupt()
+            seen[k] = render(starts[k])
+        return len(seen[k]) + room <= limit
+
+    last = len(starts) - 1
+    if not fits(last):  # not even the last message fits: it is kept alone, and the prompt is cut or refused later
+        return starts[last], seen[last]
+    good, step = last, 1  # fits(good); find the first k that fits, between bad (known not to) and good
+    bad = 0
+    while good - step > 0:
+        if not fits(good - step):
+            bad = good - step
+            break
+        good -= step
+        step *= 2
+    while good - bad > 1:
+        mid = (good + bad) // 2
+        if fits(mid):
+            good = mid
+        else:
+            bad = mid
+    return starts[good], seen[good]
+
+
+def _tokens(llm: LLM, template: ChatTemplate, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> list[int]:
+    text, parts, exact = template.render_parts(messages, add_generation_prompt)
+    add_bos = not (template.bos and text.startswith(template.bos))
+    return llm.chat_tokenizer.encode_chat(text, parts, exact, add_bos=add_bos)
+
+
+class ChatSession:
+    """A conversation that remembers its turns (used by ``edgerun chat``)."""
+
+    def __init__(self, llm: LLM, system: str | None = None, params: SamplingParams | None = None) -> None:
+        self.llm = llm
+        self.params = params or llm.defaults
+        self.messages: list[dict[str, str]] = [{"role": "system", "content": system}] if system else []
+        self.truncations = 0
+
+    def send(self, text: str) -> Generation:
+        self.messages.append({"role": "user", "content": text})
+        try:
+            gen = self.llm.chat(self.messages, self.params)
+        except BaseException:
+            self.messages.pop()  # a refused message does not stay in the conversation
+            raise
+        return _Recording(gen, self)
+
+
+class _Recording:
+    """Wraps a Generation to append the reply to the session when it finishes."""
+
+    def __init__(self, gen: Generation, session: ChatSession) -> None:
+        self.gen, self.session = gen, session
+
+    def __iter__(self):
+        yield from self.gen
+        self._record()
+
+    def finish(self):
+        result = self.gen.finish()
+        self._record()
+        return result
+
+    @property
+    def result(self):
+        return self.gen.result
+
+    def _record(self) -> None:
+        result, messages = self.gen.result, self.session.messages
+        if result is None or not messages or messages[-1]["role"] != "user":
+            return
+        messages.append({"role": "assistant", "content": result.text})
+        self.session.truncations += len(result.truncations)
+        # Messages that left the context leave the session too: the next turn starts
+        # from what the model actually saw, and history does not grow without bound.
+        dropped = sum(t.messages_dropped for t in result.truncations)
+        if dropped:
+            first = 1 if messages[0]["role"] == "system" else 0
+            del messages[first : first + dropped]
