@@ -9,14 +9,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from runtime.errors import BadInput
-from runtime.llm.generation import Truncation, answer_room
+from runtime.llm.decoding import Truncation
 from runtime.llm.sampling import SamplingParams
-
-
-def too_long(tokens: int, limit: int, what: str) -> BadInput:
-    return BadInput(f"the {what} is {tokens} tokens; this model's context holds {limit} prompt tokens with room to "
-                    "answer: shorten it, or send \"truncate\": true to drop its oldest part")
 
 
 class EngineService:
@@ -38,12 +32,9 @@ class EngineService:
         from runtime.serving.engine import GenRequest
 
         if messages is not None:
+            # the fit is decided once: turns dropped only when asked, else refused before any is (runtime.llm.chat)
             req = self.engine.chat_request(messages, params, interrupt=interrupt, priority=priority, deadline=deadline,
                                            truncate=truncate)
-            dropped = sum(t.tokens_dropped for t in req.truncations)
-            if dropped and not truncate:  # turns were dropped to fit: only when asked
-                room = answer_room(params.max_tokens, self.engine.slot_ctx)
-                raise too_long(len(req.prompt) + dropped, self.engine.slot_ctx - room, "conversation")
         else:
             req = GenRequest(self.engine.tokenize(prompt), params, priority=priority, deadline=deadline, truncate=truncate)
         handle = self.engine.submit(req)  # refuses a prompt that does not fit unless truncate

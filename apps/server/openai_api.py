@@ -20,7 +20,7 @@ from starlette.responses import JSONResponse
 from apps.server.security import BodyTooLarge, Forbidden, Unauthorized
 from runtime.errors import BadInput, Cancelled, DeadlineExceeded, DoesNotFit, EdgerunError, QueueFull, one_line
 from runtime.llm.chat import MAX_CHAT_CHARS, MAX_MESSAGES, ROLES
-from runtime.llm.generation import Result, Truncation
+from runtime.llm.decoding import Result, Truncation
 from runtime.llm.sampling import check
 from runtime.serving.safety import Blocked
 

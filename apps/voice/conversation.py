@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from runtime.llm.generation import Truncation
+from runtime.llm.decoding import Truncation
 from runtime.serving.engine import Engine, GenHandle
 from runtime.serving.scheduler import Priority
 

@@ -34,7 +34,7 @@ from runtime.llm.sampling import SamplingParams
 
 try:
     import llama_cpp
-    from llama_cpp import Llama
+    from llama_cpp import Llama, _internals
 except ImportError as exc:  # pragma: no cover - exercised via sys.modules patching in tests
     raise missing("llama_cpp", "llm") from exc
 
@@ -88,6 +88,26 @@ def tail_kept(mem: Any, seq: int, start: int, n_swa: int) -> bool:
         return True
     pos_min = int(llama_cpp.llama_memory_seq_pos_min(mem, seq))
     return 0 <= pos_min <= max(0, start - n_swa)
+
+
+def sampler_chain(params: SamplingParams, n_vocab: int) -> Any:
+    """The one sampler chain of every sequence, single stream or engine slot, built once per request from its
+    parameters: repeat penalty over the last REPEAT_LAST_N tokens, then greedy, or top-k, typical (off), top-p,
+    min-p, temperature and a seeded draw. It is llama-cpp-python's own (``Llama._init_sampler``) for these settings,
+    so edgerun samples what raw llama-cpp-python samples for the same logits and seed. ``params.seed`` must be set."""
+    sampler = _internals.LlamaSampler()
+    sampler.add_penalties(n_vocab=n_vocab, penalty_last_n=REPEAT_LAST_N, penalty_repeat=params.repeat_penalty,
+                          penalty_freq=0.0, penalty_present=0.0)
+    if params.temperature == 0.0:
+        sampler.add_greedy()
+    else:
+        sampler.add_top_k(params.top_k)
+        sampler.add_typical(1.0, 1)
+        sampler.add_top_p(params.top_p, 1)
+        sampler.add_min_p(params.min_p, 1)
+        sampler.add_temp(params.temperature)
+        sampler.add_dist(params.seed)
+    return sampler
 
 
 def gpu_offload_supported() -> bool:
@@ -150,6 +170,7 @@ class LlamaCppBackend(LLMBackend):
         self._mem = llama_cpp.llama_get_memory(self._ctx.ctx)
         self._n_swa = int(llama_cpp.llama_model_n_swa(self._llm._model.model))
         self.n_ctx = self._llm.n_ctx()
+        self.n_vocab = int(llama_cpp.llama_vocab_n_tokens(self._vocab))
         self.gpu_offload = gpu_offload_supported()
         self._gpu_layers = gpu_layers
         self._piece = ctypes.create_string_buffer(256)
@@ -277,17 +298,12 @@ class LlamaCppBackend(LLMBackend):
 
     # -- sampling -----------------------------------------------------------------
     def new_sampler(self, params: SamplingParams) -> Any:
-        self._llm.set_seed(params.seed)
-        return self._llm._init_sampler(
-            top_k=params.top_k,
-            top_p=params.top_p,
-            min_p=params.min_p,
-            temp=params.temperature,
-            repeat_penalty=params.repeat_penalty,
-        )
+        """A sequence's sampler chain for ``params`` (:func:`sampler_chain`; ``params.seed`` must be set)."""
+        return sampler_chain(params, self.n_vocab)
 
     def sample(self, sampler: Any, index: int = -1) -> int:
-        return int(sampler.sample(self._ctx, index))
+        """Sample from the logits of batch row ``index`` of the last decode (and record it for penalties)."""
+        return int(llama_cpp.llama_sampler_sample(sampler.sampler, self._ctx.ctx, index))
 
     def special_text(self, which: str) -> str:
         """The text of the BOS or EOS token, for chat templates."""

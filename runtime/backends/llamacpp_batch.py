@@ -21,7 +21,6 @@ from typing import Any
 from devices.backends import BackendName
 from runtime.backends.base import Offload, Placed, SpecialToken
 from runtime.backends.llamacpp import (
-    REPEAT_LAST_N,
     LlamaCppBackend,
     _layer_devices,
     gpu_offload_supported,
@@ -30,7 +29,6 @@ from runtime.backends.llamacpp import (
 )
 from runtime.errors import BackendError, missing, one_line
 from runtime.llm.plan import MemoryPlan
-from runtime.llm.sampling import SamplingParams
 
 try:
     import llama_cpp
@@ -218,26 +216,9 @@ class LlamaCppBatch:
         return False
 
     # -- sampling -----------------------------------------------------------------------------------------------------
-    def new_sampler(self, params: SamplingParams) -> Any:
-        """The sampler chain of the single-sequence backend (llama-cpp-python's ``Llama._init_sampler``) for
-        ``params``: the same tokens for the same logits and seed. ``params.seed`` must be set."""
-        sampler = _internals.LlamaSampler()
-        sampler.add_penalties(n_vocab=self.n_vocab, penalty_last_n=REPEAT_LAST_N,
-                              penalty_repeat=params.repeat_penalty, penalty_freq=0.0, penalty_present=0.0)
-        if params.temperature == 0.0:
-            sampler.add_greedy()
-        else:
-            sampler.add_top_k(params.top_k)
-            sampler.add_typical(1.0, 1)
-            sampler.add_top_p(params.top_p, 1)
-            sampler.add_min_p(params.min_p, 1)
-            sampler.add_temp(params.temperature)
-            sampler.add_dist(params.seed)
-        return sampler
-
-    def sample(self, sampler: Any, index: int) -> int:
-        """Sample from the logits of batch row ``index`` of the last :meth:`decode` (and record it for penalties)."""
-        return int(llama_cpp.llama_sampler_sample(sampler.sampler, self._ctx.ctx, index))
+    # The sampler chain and sampling are the single-sequence backend's own: one chain for every sequence.
+    new_sampler = LlamaCppBackend.new_sampler
+    sample = LlamaCppBackend.sample
 
 
 class SequenceView:

@@ -11,17 +11,15 @@ shifts the cached turns that remain instead of recomputing them.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterator
+from typing import Any, NamedTuple, Protocol
 
 from runtime.errors import BadInput
 from runtime.llm.chat_template import ChatTemplate
-from runtime.llm.generation import Generation, Truncation, answer_room
+from runtime.llm.chat_tokens import ChatTokenizer
+from runtime.llm.decoding import Result, Truncation, answer_room
 from runtime.llm.prefix_cache import common_prefix
 from runtime.llm.sampling import SamplingParams
-
-if TYPE_CHECKING:
-    from runtime.llm.model import LLM
 
 log = logging.getLogger(__name__)
 ROLES = ("system", "user", "assistant")
@@ -47,9 +45,35 @@ def check_messages(messages: Any) -> list[dict[str, str]]:
     return messages
 
 
-def start_chat(llm: LLM, messages: list[dict[str, str]], params: SamplingParams,
-               interrupt: Callable[[], None] | None = None) -> Generation:
-    """The conversation as the model's prompt, started on ``llm``; the oldest exchanges dropped when it does not fit.
+class ChatModel(Protocol):
+    """What fitting a conversation needs of a model: its template, its chat tokenizer and the context one
+    conversation gets (the single stream's whole context, or one engine slot)."""
+
+    @property
+    def chat_template(self) -> ChatTemplate: ...
+
+    @property
+    def chat_tokenizer(self) -> ChatTokenizer: ...
+
+    @property
+    def n_ctx(self) -> int: ...
+
+
+class ChatPrompt(NamedTuple):
+    """A conversation as a prompt: its tokens, the start a context shift keeps (the system prompt) and the turns
+    dropped to fit it."""
+
+    tokens: list[int]
+    n_keep: int
+    truncations: list[Truncation]
+
+
+def fit_chat(llm: ChatModel, messages: list[dict[str, str]], params: SamplingParams,
+             interrupt: Callable[[], None] | None = None, *, truncate: bool = True) -> ChatPrompt:
+    """The conversation as the model's prompt; the oldest exchanges dropped when it does not fit, the one
+    decision of a chat's fit. Without ``truncate`` a conversation that would lose turns is refused instead, before
+    any is dropped (BadInput naming its tokens and the limit); a last message that does not fit alone is left to
+    the prompt's own fit (runtime.llm.decoding.fit_prompt), which cuts or refuses it.
 
     ``interrupt``: called before each rendering; it raises to stop the fitting (a deadline passed, the client left).
     """
@@ -63,6 +87,10 @@ def start_chat(llm: LLM, messages: list[dict[str, str]], params: SamplingParams,
     whole = _tokens(llm, template, system + rest)
     tokens, dropped_msgs = whole, 0
     if len(whole) + room > llm.n_ctx and len(rest) > 1:
+        if not truncate:
+            raise BadInput(f"the conversation is {len(whole)} tokens; this model's context holds {llm.n_ctx - room} "
+                           "prompt tokens with room to answer: shorten it, or send \"truncate\": true to drop its "
+                           "oldest part")
         # Once turns must go, free a quarter of the context more than needed, so that the
         # next few turns fit without another drop (each drop costs a cache shift).
         limit = llm.n_ctx - llm.n_ctx // 4
@@ -74,7 +102,7 @@ def start_chat(llm: LLM, messages: list[dict[str, str]], params: SamplingParams,
     if system:
         head = _tokens(llm, template, system, add_generation_prompt=False)
         n_keep = common_prefix(head, tokens)
-    return llm.start(tokens, params, n_keep=n_keep, truncations=truncations)
+    return ChatPrompt(tokens, n_keep, truncations)
 
 
 def _fit(render: Callable[[int], list[int]], rest: list[dict[str, str]], room: int, limit: int,
@@ -118,22 +146,40 @@ def _fit(render: Callable[[int], list[int]], rest: list[dict[str, str]], room: i
     return starts[good], seen[good]
 
 
-def _tokens(llm: LLM, template: ChatTemplate, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> list[int]:
+def _tokens(llm: ChatModel, template: ChatTemplate, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> list[int]:
     text, parts, exact = template.render_parts(messages, add_generation_prompt)
     add_bos = not (template.bos and text.startswith(template.bos))
     return llm.chat_tokenizer.encode_chat(text, parts, exact, add_bos=add_bos)
 
 
+class Stream(Protocol):
+    """A generation being streamed (runtime.llm.generation.Generation): text pieces, then its result."""
+
+    result: Result | None
+
+    def __iter__(self) -> Iterator[str]: ...
+
+    def finish(self) -> Result: ...
+
+
+class Chats(Protocol):
+    """A model a session chats with (runtime.llm.model.LLM)."""
+
+    defaults: SamplingParams
+
+    def chat(self, messages: list[dict[str, str]], params: SamplingParams | None = None) -> Stream: ...
+
+
 class ChatSession:
     """A conversation that remembers its turns (used by ``edgerun chat``)."""
 
-    def __init__(self, llm: LLM, system: str | None = None, params: SamplingParams | None = None) -> None:
+    def __init__(self, llm: Chats, system: str | None = None, params: SamplingParams | None = None) -> None:
         self.llm = llm
         self.params = params or llm.defaults
         self.messages: list[dict[str, str]] = [{"role": "system", "content": system}] if system else []
         self.truncations = 0
 
-    def send(self, text: str) -> Generation:
+    def send(self, text: str) -> Stream:
         self.messages.append({"role": "user", "content": text})
         try:
             gen = self.llm.chat(self.messages, self.params)
@@ -144,22 +190,22 @@ class ChatSession:
 
 
 class _Recording:
-    """Wraps a Generation to append the reply to the session when it finishes."""
+    """Wraps a generation to append the reply to the session when it finishes."""
 
-    def __init__(self, gen: Generation, session: ChatSession) -> None:
+    def __init__(self, gen: Stream, session: ChatSession) -> None:
         self.gen, self.session = gen, session
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[str]:
         yield from self.gen
         self._record()
 
-    def finish(self):
+    def finish(self) -> Result:
         result = self.gen.finish()
         self._record()
         return result
 
     @property
-    def result(self):
+    def result(self) -> Result | None:
         return self.gen.result
 
     def _record(self) -> None:

@@ -19,11 +19,10 @@ from typing import Any
 from runtime.backends.base import LLMBackend
 from runtime.bundle.resolve import ResolvedModel
 from runtime.errors import BadInput
-from runtime.llm.chat import start_chat
-from runtime.llm.chat_template import ChatTemplate
-from runtime.llm.chat_tokens import ChatTokenizer
-from runtime.llm.generation import Generation, Result, Truncation
+from runtime.llm.decoding import Decoding, Result, Truncation
+from runtime.llm.generation import Generation
 from runtime.llm.kv import KVSequence
+from runtime.llm.language_model import LanguageModel
 from runtime.llm.loader import open_llm
 from runtime.llm.plan import KVType, MemoryPlan
 from runtime.llm.prefix_cache import PrefixCache
@@ -35,8 +34,9 @@ __all__ = ["LLM", "Generation", "Result", "Truncation"]
 log = logging.getLogger(__name__)
 
 
-class LLM:
-    """A loaded language model. Close it (or use ``with``) to free native memory."""
+class LLM(LanguageModel):
+    """A loaded language model, one generation at a time in the caller's thread (the serving engine,
+    runtime/serving/engine.py, serves many). Close it (or use ``with``) to free native memory."""
 
     def __init__(self, model: ResolvedModel, plan: MemoryPlan, backend: LLMBackend, placement: Any, *,
                  speculate: bool = True) -> None:
@@ -54,8 +54,6 @@ class LLM:
             Speculator(PromptLookup()) if speculate and backend.can_speculate else None
         )
         self.max_draft = K_MAX
-        self._chat_template: ChatTemplate | None = None
-        self._chat_tokenizer: ChatTokenizer | None = None
         try:
             self._cap_drafts()
             # a sliding-window cache keeps shorter entries: its loaded states cannot be cut short exactly
@@ -87,32 +85,6 @@ class LLM:
     @property
     def n_ctx(self) -> int:
         return self.backend.n_ctx
-
-    @property
-    def chat_template(self) -> ChatTemplate:
-        """The model's chat template: the bundle's own, built on first use (BadInput for a base model)."""
-        if self._chat_template is None:
-            spec = self.model.manifest.llm
-            assert spec is not None
-            if not spec.chat_template:
-                raise BadInput(
-                    f"{self.model.manifest.ref} has no chat template (a base model); use 'edgerun run --prompt' to continue text"
-                )
-            bos, eos = self.backend.special_text("bos"), self.backend.special_text("eos")
-            self._chat_template = ChatTemplate(spec.chat_template, bos, eos, self.model.manifest.ref)
-        return self._chat_template
-
-    @chat_template.setter
-    def chat_template(self, template: ChatTemplate | None) -> None:
-        """Chat with ``template`` instead of the bundle's own (None: back to the bundle's)."""
-        self._chat_template = template
-
-    @property
-    def chat_tokenizer(self) -> ChatTokenizer:
-        """Tokenizes rendered chats: only the template's own markers become control tokens."""
-        if self._chat_tokenizer is None:
-            self._chat_tokenizer = ChatTokenizer(self.backend)
-        return self._chat_tokenizer
 
     @classmethod
     def load(
@@ -165,29 +137,19 @@ class LLM:
         self.close()
 
     # -- generation ----------------------------------------------------------------
-    def params(self, **overrides: Any) -> SamplingParams:
-        """The bundle's default sampling settings with ``overrides`` (None: keep default)."""
-        spec = self.model.manifest.llm
-        assert spec is not None
-        return SamplingParams.from_defaults(spec.sampling, **overrides)
-
-    def tokenize(self, text: str, *, special: bool = False) -> list[int]:
-        return self.backend.tokenize(text, add_bos=True, special=special)
-
     def start(self, prompt: str | Sequence[int], params: SamplingParams | None = None, *, n_keep: int | None = None,
               truncations: Sequence[Truncation] = (), speculate: bool = True) -> Generation:
-        """A generation of ``prompt``; ``speculate`` False decodes it plainly even when the LLM speculates."""
+        """A generation of ``prompt`` (cut to fit the context when it does not, and reported); ``speculate`` False
+        decodes it plainly even when the LLM speculates."""
         if isinstance(prompt, str):
             if not prompt:
                 raise BadInput("--prompt is empty: give some text to continue")
             tokens = self.tokenize(prompt)
         else:
             tokens = list(prompt)
-        if not tokens:
-            raise BadInput("the prompt has no tokens")
-        keep = n_keep if n_keep is not None else (1 if len(tokens) > 1 and tokens[0] != tokens[1] else 0)
-        return Generation(self, tokens, params or self.defaults, keep, list(truncations),
-                          self.speculator if speculate else None)
+        seq = Decoding(tokens, params or self.defaults, self.n_ctx, n_keep=n_keep, truncate=True,
+                       truncations=truncations, speculator=self.speculator if speculate else None)
+        return Generation(seq, self.backend, self.kv, self.plan.kv_type.value, self.max_draft)
 
     def generate(self, prompt: str | Sequence[int], params: SamplingParams | None = None) -> Result:
         return self.start(prompt, params).finish()
@@ -196,4 +158,6 @@ class LLM:
         return self.start(prompt, params)
 
     def chat(self, messages: list[dict[str, str]], params: SamplingParams | None = None) -> Generation:
-        return start_chat(self, messages, params or self.defaults)
+        params = params or self.defaults
+        prompt = self.fit_chat(messages, params)
+        return self.start(prompt.tokens, params, n_keep=prompt.n_keep, truncations=prompt.truncations)

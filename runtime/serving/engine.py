@@ -44,19 +44,18 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 from runtime.backends.llamacpp_batch import LlamaCppBatch
 from runtime.bundle.resolve import ResolvedModel
 from runtime.errors import BadInput
-from runtime.llm.chat import start_chat
-from runtime.llm.generation import Truncation, answer_room
+from runtime.llm.decoding import Truncation
+from runtime.llm.language_model import LanguageModel
 from runtime.llm.loader import open_llm
-from runtime.llm.model import LLM
 from runtime.llm.plan import KVType, MemoryPlan
 from runtime.llm.prefix_cache import PrefixCache
-from runtime.llm.sampling import SEED_MAX, SamplingParams
+from runtime.llm.sampling import SamplingParams
 from runtime.llm.speculative import PromptLookup, Speculator
 from runtime.serving.engine_loop import Loop
 from runtime.serving.engine_requests import EngineResult, Event, GenHandle, GenRequest
@@ -70,14 +69,12 @@ DEFAULT_SLOTS = 4
 DEFAULT_PREFILL_CHUNK = 128  # prompt tokens per step while other slots decode
 
 
-class Engine:
-    """A loaded model serving ``n_slots`` requests at once. Close it (or use ``with``) to stop and free it."""
+class Engine(LanguageModel):
+    """A loaded model serving ``n_slots`` requests at once. Close it (or use ``with``) to stop and free it.
 
-    # The model-facing helpers are the single-stream LLM's own (they read .model, .backend and the caches).
-    params = LLM.params
-    tokenize = LLM.tokenize
-    chat_template = LLM.chat_template
-    chat_tokenizer = LLM.chat_tokenizer
+    Its text side (sampling defaults, tokenizer, chat template, a conversation's fit) is the single-stream LLM's:
+    both are a :class:`~runtime.llm.language_model.LanguageModel`; each request is a
+    :class:`~runtime.llm.decoding.Decoding`, as the single stream's generation is."""
 
     def __init__(self, model: ResolvedModel, plan: MemoryPlan, backend: LlamaCppBatch, placement: Any, *,
                  max_queued: int = 64, aging_s: float = 5.0, prefill_chunk: int | None = None, speculate: bool = True,
@@ -87,7 +84,6 @@ class Engine:
         per slot and step. ``start`` False: no thread; the caller drives :meth:`step` (tests)."""
         self.model, self.plan, self.backend, self.placement = model, plan, backend, placement
         self.speculate = speculate
-        self._chat_template = self._chat_tokenizer = None
         self._thread: threading.Thread | None = None
         try:
             spec = model.manifest.llm
@@ -135,57 +131,41 @@ class Engine:
         bad = next((t for t in prompt if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < self.n_vocab), None)
         if bad is not None:  # llama.cpp would fail the whole step's batch on it
             raise BadInput(f"prompt token {bad!r} is not a token of this model (ids 0 to {self.n_vocab - 1})")
-        params = req.params or self.defaults
-        if params.seed is None:  # a fresh seed per request, reported so the run can be repeated
-            import secrets
-
-            params = params.with_(seed=secrets.randbelow(SEED_MAX + 1))
-        tokens = list(prompt)
-        keep = req.n_keep if req.n_keep is not None else (1 if len(tokens) > 1 and tokens[0] != tokens[1] else 0)
-        keep = max(0, min(keep, self.slot_ctx // 2))  # a context shift must be able to free cells
-        truncations = list(req.truncations)
-        tokens, keep = self._fit(tokens, params, keep, req.truncate, truncations)
         job = Job(payload=None, priority=Priority(req.priority), deadline=req.deadline, preemptible=req.preemptible)
         handle = GenHandle(job)
-        handle.truncations = list(truncations)  # known now (turns dropped, the prompt cut): a header can say so at once
         # A drafter and controller of its own: acceptance is the request's (its text), so is the on/off state.
         speculator = Speculator(PromptLookup()) if self.speculate and req.speculate else None
-        job.payload = SeqState(handle, req, tokens, params, keep, truncations, speculator)
+        seq = SeqState(handle, prompt, req.params or self.defaults, self.slot_ctx, n_keep=req.n_keep,
+                       truncate=req.truncate, truncations=req.truncations, speculator=speculator)
+        handle.truncations = list(seq.truncations)  # known now (turns dropped, the prompt cut): a header can say so
+        job.payload = seq
         self.scheduler.submit(job)
         return handle
-
-    def _fit(self, tokens: list[int], params: SamplingParams, keep: int, truncate: bool,
-             truncations: list[Truncation]) -> tuple[list[int], int]:
-        """The prompt as a slot can hold it, with room for the answer (as the single-stream LLM leaves it)."""
-        n, limit = len(tokens), self.slot_ctx
-        room = answer_room(params.max_tokens, limit)
-        if n + room <= limit:
-            return tokens, keep
-        if not truncate:
-            raise BadInput(f"the prompt has {n} tokens but a slot holds {limit}, {limit - room} of them for the prompt "
-                           f"with room for {room} generated; shorten it, or ask for truncation")
-        tail = limit - room - keep
-        dropped = n - keep - tail
-        truncations.append(Truncation("prompt", dropped, 0))
-        log.warning("prompt of %d tokens does not fit a %d-token slot: dropped %d after the first %d", n, limit, dropped, keep)
-        return tokens[:keep] + tokens[n - tail :], keep
 
     def generate(self, req: GenRequest, timeout: float | None = None) -> EngineResult:
         """Submit and wait for the whole answer."""
         return self.submit(req).result(timeout)
 
+    @property
+    def n_ctx(self) -> int:
+        """The context one request gets: a slot's cells."""
+        return self.slot_ctx
+
     def chat_prompt(self, messages: list[dict[str, str]], params: SamplingParams | None = None
                     ) -> tuple[list[int], list[Truncation]]:
         """The model's chat template over ``messages`` as prompt tokens (user text never becomes control tokens),
         oldest turns dropped to fit a slot, as the single-stream chat does; the drops are reported."""
-        req = self.chat_request(messages, params)
-        return req.prompt, req.truncations
+        prompt = self.fit_chat(messages, params)
+        return prompt.tokens, prompt.truncations
 
     def chat_request(self, messages: list[dict[str, str]], params: SamplingParams | None = None, *,
                      interrupt: Callable[[], None] | None = None, **fields: Any) -> GenRequest:
         """A :class:`GenRequest` for ``messages`` (``fields``: priority, deadline, truncate...); the system
-        prompt is kept (``n_keep``) when the context must shift. ``interrupt``: see :func:`runtime.llm.chat.start_chat`."""
-        return start_chat(_ChatFit(self, fields), messages, params or self.defaults, interrupt)
+        prompt is kept (``n_keep``) when the context must shift. Without ``truncate`` a conversation that would
+        lose turns is refused (BadInput). ``interrupt``: see :func:`runtime.llm.chat.fit_chat`."""
+        params = params or self.defaults
+        prompt = self.fit_chat(messages, params, interrupt=interrupt, truncate=bool(fields.get("truncate", False)))
+        return GenRequest(prompt.tokens, params, n_keep=prompt.n_keep, truncations=prompt.truncations, **fields)
 
     # -- driving and state ---------------------------------------------------------------------------------------
     def step(self) -> bool:
@@ -226,15 +206,3 @@ class Engine:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-class _ChatFit:
-    """What runtime.llm.chat.start_chat needs of a model, for one engine slot; its ``start`` makes the request."""
-
-    def __init__(self, engine: Engine, fields: dict[str, Any]) -> None:
-        self.chat_template, self.chat_tokenizer, self.n_ctx = engine.chat_template, engine.chat_tokenizer, engine.slot_ctx
-        self._fields = fields
-
-    def start(self, tokens: Sequence[int], params: SamplingParams, *, n_keep: int, truncations: list[Truncation]
-              ) -> GenRequest:
-        return GenRequest(list(tokens), params, n_keep=n_keep, truncations=list(truncations), **self._fields)

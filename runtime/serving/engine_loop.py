@@ -10,7 +10,6 @@ from dataclasses import dataclass
 
 from runtime.backends.llamacpp_batch import LlamaCppBatch, Row, SequenceView
 from runtime.errors import BackendError, Cancelled, DeadlineExceeded, EdgerunError
-from runtime.llm.generation import Truncation
 from runtime.llm.kv import KVSequence
 from runtime.llm.plan import MemoryPlan
 from runtime.llm.prefix_cache import PrefixCache, common_prefix
@@ -200,15 +199,14 @@ class Loop:
                 ctl.shadow(spec.drafter.draft(seq.tokens, ctl.k_max))
             return []
         finally:
-            ctl.stats.draft_s += time.perf_counter() - start
+            seq.spec.draft_s += time.perf_counter() - start
 
     def _shift(self, slot: Slot) -> None:
         """The slot is full: drop half of what follows the first n_keep tokens, as the single stream does."""
         seq, kv = slot.seq, slot.kv
         dropped = kv.shift(seq.n_keep, (len(kv.tokens) - seq.n_keep) // 2)
         seq.tokens = kv.tokens + seq.tokens[-1:]  # what the cells hold now, then the pending token
-        seq.truncations.append(Truncation("shift", dropped, seq.out))
-        log.info("slot %d context shift: dropped %d tokens after the first %d", slot.id, dropped, seq.n_keep)
+        seq.shifted(dropped)
 
     def _sampled(self, slot: Slot, index: int, draft: Sequence[int] = (), n_dec: int = 1) -> None:
         """Sample the slot's next tokens from batch index ``index`` on: one, or with a ``draft`` (decoded after
@@ -244,7 +242,7 @@ class Loop:
             ctl = spec.controller
             ctl.observe(drafted, accepted, self.cost.relative(n_dec, drafted))
             if drafted:
-                spec.drafter.accepted(seq.tokens[: confirmed - accepted], drafted, accepted)
+                seq.verified(drafted, accepted, seq.tokens[: confirmed - accepted])
                 self.drafted += drafted
                 self.accepted += accepted
         if done:
@@ -269,7 +267,7 @@ class Loop:
             return
         if seq.out > 1:  # the prompt and its answer: a chat's next turn extends them, whichever slot it gets
             slot.kv.save_prefix()  # (it supersedes the prompt's entry: runtime/llm/prefix_cache.py)
-        piece, result = seq.finish(self.backend.slot_ctx, self.plan.kv_type.value, self.cache.stats())
+        piece, result = seq.engine_result(self.backend.slot_ctx, self.plan.kv_type.value, self.cache.stats())
         if piece:
             seq.handle._push(Event("text", piece))
         self.finished += 1

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from runtime.errors import EdgerunError
-from runtime.llm.generation import Result, Truncation
+from runtime.llm.decoding import Result, Truncation
 from runtime.llm.sampling import SamplingParams
 from runtime.serving.scheduler import Job, Priority
 

@@ -16,9 +16,9 @@ import time
 import pytest
 
 from runtime.errors import BadInput, DeadlineExceeded
-from runtime.llm.chat import MAX_CHAT_CHARS, MAX_MESSAGES, _fit, _tokens, check_messages, start_chat
+from runtime.llm.chat import MAX_CHAT_CHARS, MAX_MESSAGES, _fit, _tokens, check_messages, fit_chat
 from runtime.llm.chat_template import ChatTemplate
-from runtime.llm.generation import Truncation, answer_room
+from runtime.llm.decoding import Truncation, answer_room
 from runtime.llm.model import LLM
 from runtime.llm.prefix_cache import common_prefix
 from tests.runtime.test_chat_injection import GEMMA3
@@ -27,7 +27,7 @@ GiB = 1 << 30
 
 
 class Slot:
-    """What start_chat needs of a model (as an engine slot gives it), with a context of the test's choosing;
+    """What fit_chat needs of a model (as an engine slot gives it), with a context of the test's choosing;
     ``start`` returns what would be started. ``renders`` counts the renderings of the conversation."""
 
     def __init__(self, llm: LLM, n_ctx: int) -> None:
@@ -122,7 +122,7 @@ def test_the_search_keeps_what_dropping_one_exchange_at_a_time_kept(models, fami
             slot = Slot(llm, n_ctx)
             want = one_at_a_time(slot, messages, params)
             renders_before = slot.chat_template.renders
-            got = start_chat(slot, messages, params)
+            got = fit_chat(slot, messages, params)
             renders = slot.chat_template.renders - renders_before
             assert got == want, (family, n_ctx, max_tokens, len(messages))
             exchanges = 1 + sum(m["role"] == "user" for m in messages[1:])
@@ -168,10 +168,10 @@ def test_20000_messages_are_refused_before_any_rendering(models) -> None:
     slot = Slot(models["smollm"], 512)
     started = time.monotonic()
     with pytest.raises(BadInput, match=f"a chat of 20000 messages is too long: at most {MAX_MESSAGES} are accepted"):
-        start_chat(slot, [{"role": "user", "content": ""}] * 20_000, slot_params(models))
+        fit_chat(slot, [{"role": "user", "content": ""}] * 20_000, slot_params(models))
     assert slot.chat_template.renders == 0 and time.monotonic() - started < 1.0
     with pytest.raises(BadInput, match=f"characters of content is too long: at most {MAX_CHAT_CHARS} are accepted"):
-        start_chat(slot, [{"role": "user", "content": "x" * (MAX_CHAT_CHARS // 2 + 1)}] * 2, slot_params(models))
+        fit_chat(slot, [{"role": "user", "content": "x" * (MAX_CHAT_CHARS // 2 + 1)}] * 2, slot_params(models))
     assert slot.chat_template.renders == 0
 
 
@@ -180,7 +180,7 @@ def test_the_most_messages_fit_in_a_bounded_time(models) -> None:
     slot = Slot(models["smollm"], 512)
     messages = [{"role": "user", "content": f"note {i}"} for i in range(MAX_MESSAGES)]
     started = time.monotonic()
-    tokens, _, truncations = start_chat(slot, messages, slot_params(models))
+    tokens, _, truncations = fit_chat(slot, messages, slot_params(models))
     assert time.monotonic() - started < 20.0  # a loaded 2-core machine; the old way was past 60 s
     assert slot.chat_template.renders <= 2 * MAX_MESSAGES.bit_length() + 3
     assert truncations[0].messages_dropped > MAX_MESSAGES - 100 and len(tokens) <= 512 - 512 // 4
@@ -197,8 +197,20 @@ def test_an_interrupt_stops_the_fitting_between_renderings(models) -> None:
             raise DeadlineExceeded("the deadline passed")
 
     with pytest.raises(DeadlineExceeded):
-        start_chat(slot, messages, slot_params(models), interrupt)
+        fit_chat(slot, messages, slot_params(models), interrupt)
     assert calls == [0, 1, 2]  # before the first rendering, then before each next one; none after the raise
     calls.clear()
-    start_chat(slot, messages[:3], slot_params(models), interrupt)  # fits at once: asked once, before rendering
+    fit_chat(slot, messages[:3], slot_params(models), interrupt)  # fits at once: asked once, before rendering
     assert calls == [2]
+
+
+def test_a_conversation_that_would_lose_turns_is_refused_after_one_rendering_without_truncate(models) -> None:
+    # The server's fit is decided once: without "truncate" the conversation is refused as soon as its one whole
+    # rendering shows it does not fit, before any turn is dropped (the search's renderings were thrown away before).
+    slot = Slot(models["smollm"], 256)
+    messages = [{"role": "user", "content": f"note {i} " * 8} for i in range(60)]
+    with pytest.raises(BadInput, match=r"the conversation is \d+ tokens; this model's context holds 240 prompt tokens"):
+        fit_chat(slot, messages, slot_params(models), truncate=False)
+    assert slot.chat_template.renders == 1
+    kept = fit_chat(slot, messages, slot_params(models), truncate=True)
+    assert kept.truncations and kept.truncations[0].kind == "turns"
