@@ -104,4 +104,4 @@ def test_the_answers_room_in_a_context_is_one_rule() -> None:
     # The cells kept free for the answer when a prompt is fitted (LLM, chat, engine slots, the server's refusals).
     rule = re.compile(r"max\(1, min\([^)]*max_tokens[^)]*// 4\)\)")
     where = [p.relative_to(ROOT).as_posix() for p, src in _sources().items() if rule.search(src)]
-    assert where == ["runtime/llm/generation.py"]
+    assert where == ["runtime/llm/decoding.py"]
