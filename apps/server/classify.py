@@ -25,6 +25,7 @@ from apps.server import openai_api as api
 from apps.server.outcome import Outcome, log_refused
 from apps.server.request import client_of, deadline_of, priority_of, route_model
 from apps.server.security import ApiKey, BodyTooLarge, read_body
+from apps.server.state import ServerState
 from runtime.classify.classifier import DEFAULT_TOP_K
 from runtime.errors import BadInput, EdgerunError, QueueFull
 from runtime.serving.batcher import DynamicBatcher
@@ -55,7 +56,7 @@ class DecodeSlots:
             self._free.release()
 
 
-_slots: weakref.WeakKeyDictionary[Any, DecodeSlots] = weakref.WeakKeyDictionary()
+_slots: weakref.WeakKeyDictionary[ServerState, DecodeSlots] = weakref.WeakKeyDictionary()
 _slots_lock = threading.Lock()
 
 
@@ -65,7 +66,7 @@ def _decode_in_slot(slots: DecodeSlots, body: bytes, kind: str, model: Any, max_
         return decode(body, kind, model, max_pixels)
 
 
-def decode_slots(state: Any) -> DecodeSlots:
+def decode_slots(state: ServerState) -> DecodeSlots:
     """The decode slots of the server ``state`` (made on first use, sized by its limits.decode_slots)."""
     with _slots_lock:
         found = _slots.get(state)
@@ -132,7 +133,7 @@ def make_batcher(name: str, model: Any, kind: str, limits: Any) -> DynamicBatche
                           max_queued=limits.max_queued, name=f"classify-{name}")
 
 
-async def classify(request: Request, state: Any, key: ApiKey | None) -> Response:
+async def classify(request: Request, state: ServerState, key: ApiKey | None) -> Response:
     limits = state.config.limits
     rid = api.new_id("cls")
     client = client_of(request, key)

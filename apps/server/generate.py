@@ -16,13 +16,18 @@ from typing import Any
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
+from starlette.types import Receive
 
 from apps.server import openai_api as api
-from apps.server.outcome import Outcome, log_refused
-from apps.server.request import client_of, deadline_of, disconnected, priority_of, route_model
-from apps.server.security import ApiKey, read_body
+from apps.server.call import Call, read_call
+from apps.server.llm_service import EngineService
+from apps.server.outcome import Outcome
+from apps.server.request import disconnected
+from apps.server.security import ApiKey
 from apps.server.sse import DONE, EventStream, event
+from apps.server.state import ServerState
 from runtime.errors import BackendError, Cancelled, DeadlineExceeded, EdgerunError, one_line
+from runtime.llm.sampling import SamplingParams
 
 log = logging.getLogger(__name__)
 STOP_WAIT_S = 60.0  # a cancelled generation stops within one decode step; this is the bound of waiting for that
@@ -41,30 +46,20 @@ class _VersionFault(Exception):
         self.error = error
 
 
-async def generate(request: Request, state: Any, key: ApiKey | None, chat: bool) -> Response:
-    limits = state.config.limits
-    rid = api.new_id("chatcmpl" if chat else "cmpl")
-    client = client_of(request, key)
-    try:
-        data = api.parse_json(await read_body(request, limits.max_body_bytes))
-        args = (api.parse_chat if chat else api.parse_completion)(data, limits.max_tokens)
-        served = route_model(state, args.model)
-        priority = priority_of(request, args.priority, key)
-        deadline = deadline_of(request, args.deadline_ms, limits.deadline_ms)
-    except EdgerunError as exc:
-        log_refused(rid, exc, client)
-        raise
-    outcome = Outcome(state, rid, args.model, served, priority, stream=args.stream, client=client)
+async def generate(request: Request, state: ServerState, key: ApiKey | None, chat: bool) -> Response:
+    call = await read_call(request, state, key, chat=chat)  # the only read of the request's body and headers
+    args = call.args
+    outcome = Outcome(state, call.id, call.model, call.served, call.priority, stream=args.stream, client=call.client)
     try:
         text_in = args.prompt if args.prompt is not None else "\n".join(m["content"] for m in args.messages or [])
         state.filters.check_input(text_in)
     except EdgerunError as exc:
         outcome.finish(error=exc)
         raise
-    router = state.canaries.get(args.model)
+    router = state.canaries.get(call.model)
     while True:
         try:
-            return await _attempt(request, state, chat, args, outcome, priority, deadline, key)
+            return await _attempt(state, call, outcome, request.receive)
         except _VersionFault as fault:
             if router is None or outcome.served != router.canary or router.serving == router.canary:
                 outcome.finish(error=fault.error, version_fault=True)
@@ -76,9 +71,10 @@ async def generate(request: Request, state: Any, key: ApiKey | None, chat: bool)
             outcome.served = outcome.version = router.stable
 
 
-async def _attempt(request: Request, state: Any, chat: bool, args: api.GenArgs, outcome: Outcome, priority: Any,
-                   deadline: float, key: ApiKey | None) -> Response:
-    served, rid = outcome.served, outcome.rid
+async def _attempt(state: ServerState, call: Call, outcome: Outcome, receive: Receive) -> Response:
+    """One try of ``call`` on the version ``outcome.served``; _VersionFault when that version failed before
+    answering. ``receive``: the request's ASGI receive channel, watched for the client's going."""
+    served, args = outcome.served, call.args
     lease = contextlib.ExitStack()
     try:
         model = await run_in_threadpool(lease.enter_context, state.models.acquire(served))
@@ -88,21 +84,21 @@ async def _attempt(request: Request, state: Any, chat: bool, args: api.GenArgs, 
         outcome.version = f"{served}@{_model_version(model)}"
         svc = state.service(served, model)
         params = svc.params(**args.sampling)
-        cache_key = _cache_key(state, request, outcome, chat, args, params, _model_version(model), key)
+        cache_key = _cache_key(state, call, outcome, params, _model_version(model))
         if state.stopping.is_set():
             raise api.ShuttingDown("the server is shutting down; try again")
         hit = state.cache.get(cache_key) if cache_key is not None else None
         if hit is not None:
             outcome.cache = "hit"
             lease.close()
-            return _replay(api.Reply(chat, rid, args.model, outcome.version), args, hit, outcome,
-                           {"X-Edgerun-Priority": priority.name.lower()})
-        handle, truncations = await _submit(request, svc, args, params, priority, deadline)
+            return _replay(api.Reply(call.chat, call.id, call.model, outcome.version), call, hit, outcome,
+                           {"X-Edgerun-Priority": call.priority.name.lower()})
+        handle, truncations = await _submit(svc, call, params, receive)
     except BaseException as exc:
         lease.close()
         outcome.finish(error=exc)
         raise
-    run = _Run(state, request, handle, lease, outcome, cache_key)
+    run = _Run(state, call, receive, handle, lease, outcome, cache_key)
     try:
         first = await run.next()  # an error before any text (queue deadline, refused prompt) keeps its HTTP status
     except BaseException as exc:
@@ -113,19 +109,18 @@ async def _attempt(request: Request, state: Any, chat: bool, args: api.GenArgs, 
         raise
     if first is None:  # the client went away
         return Response(status_code=499)
-    headers = {"X-Edgerun-Priority": priority.name.lower(), **api.truncated_header(list(truncations))}
-    reply = api.Reply(chat, rid, args.model, outcome.version)
+    headers = {"X-Edgerun-Priority": call.priority.name.lower(), **api.truncated_header(list(truncations))}
+    reply = api.Reply(call.chat, call.id, call.model, outcome.version)
     if args.stream:
-        return EventStream(run.stream(reply, args, first), headers, on_stall=lambda stalled: run.close(error=stalled))
+        return EventStream(run.stream(reply, first), headers, on_stall=lambda stalled: run.close(error=stalled))
     return await run.whole(reply, first, headers)
 
 
-async def _submit(request: Request, svc: Any, args: api.GenArgs, params: Any, priority: Any,
-                  deadline: float) -> tuple[Any, list[Any]]:
+async def _submit(svc: EngineService, call: Call, params: SamplingParams, receive: Receive) -> tuple[Any, list[Any]]:
     """``svc.submit`` in a worker thread; fitting a conversation to the context stops between its renderings once
     the client has gone (Cancelled) or the deadline has passed (DeadlineExceeded). A handle submitted before the
     client's going was noticed is returned: its first event sees the disconnect and cancels it."""
-    gone = threading.Event()
+    gone, args, deadline = threading.Event(), call.args, call.deadline
 
     def interrupt() -> None:
         if gone.is_set():
@@ -134,9 +129,9 @@ async def _submit(request: Request, svc: Any, args: api.GenArgs, params: Any, pr
             raise DeadlineExceeded("the request's deadline passed while its conversation was fitted to the context")
 
     work = asyncio.ensure_future(run_in_threadpool(
-        svc.submit, messages=args.messages, prompt=args.prompt, params=params, priority=priority, deadline=deadline,
+        svc.submit, messages=args.messages, prompt=args.prompt, params=params, priority=call.priority, deadline=deadline,
         truncate=args.truncate, interrupt=interrupt))
-    watch = asyncio.ensure_future(disconnected(request))
+    watch = asyncio.ensure_future(disconnected(receive))
     try:
         await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
     finally:
@@ -151,13 +146,13 @@ def _is_fault(exc: BaseException) -> bool:
     return isinstance(exc, Exception) and (not isinstance(exc, EdgerunError) or isinstance(exc, BackendError))
 
 
-def _cache_key(state: Any, request: Request, outcome: Outcome, chat: bool, args: api.GenArgs, params: Any,
-               version: str, key: ApiKey | None) -> str | None:
-    """The result cache's key for this request, scoped to its API key (its digest), or None when not cached."""
+def _cache_key(state: ServerState, call: Call, outcome: Outcome, params: SamplingParams, version: str) -> str | None:
+    """The result cache's key for ``call`` on ``outcome.served`` at ``version``, scoped to its API key (its digest),
+    or None when not cached."""
     cache = state.cache
     if cache is None:
         return None
-    if "no-store" in request.headers.get("cache-control", "").lower():
+    if call.no_store:
         outcome.cache = "skip"
         return None
     settings = dataclasses.asdict(params)
@@ -165,13 +160,13 @@ def _cache_key(state: Any, request: Request, outcome: Outcome, chat: bool, args:
         outcome.cache = "skip"
         return None
     outcome.cache = "miss"
-    scope = key.digest.hex() if key is not None else ""
-    return cache.key(f"{outcome.served}@{version}", settings, {"chat": chat, **args.cache_payload()}, scope=scope)
+    scope = call.key.digest.hex() if call.key is not None else ""
+    return cache.key(f"{outcome.served}@{version}", settings, {"chat": call.chat, **call.args.cache_payload()}, scope=scope)
 
 
-def _replay(reply: api.Reply, args: api.GenArgs, hit: tuple[str, Any], outcome: Outcome,
-            headers: dict[str, str]) -> Response:
+def _replay(reply: api.Reply, call: Call, hit: tuple[str, Any], outcome: Outcome, headers: dict[str, str]) -> Response:
     text, result = hit
+    args = call.args
     outcome.first_token()
     outcome.finish(result=result)
     headers = {**headers, "X-Edgerun-Cache": "hit", **api.truncated_header(list(result.truncations))}
@@ -199,12 +194,13 @@ def _release_when_done(handle: Any, lease: contextlib.ExitStack) -> None:
 
 
 class _Run:
-    """One submitted generation: its events, its lease, its outcome; closed exactly once."""
+    """One submitted generation of ``call``: its events, its lease, its outcome; closed exactly once. ``receive``:
+    the request's ASGI receive channel, watched for the client's going."""
 
-    def __init__(self, state: Any, request: Request, handle: Any, lease: contextlib.ExitStack, outcome: Outcome,
-                 cache_key: str | None) -> None:
-        self.state, self.request, self.handle, self.lease, self.outcome = state, request, handle, lease, outcome
-        self.cache_key = cache_key
+    def __init__(self, state: ServerState, call: Call, receive: Receive, handle: Any, lease: contextlib.ExitStack,
+                 outcome: Outcome, cache_key: str | None) -> None:
+        self.state, self.call, self.receive, self.handle, self.lease = state, call, receive, handle, lease
+        self.outcome, self.cache_key = outcome, cache_key
         self.events = handle.aevents().__aiter__()
         self.checker = state.filters.stream_checker()
         self.closed = False
@@ -220,7 +216,7 @@ class _Run:
     async def next(self) -> Any:
         """The next event, or None when the client disconnected first (the generation is cancelled then)."""
         step = asyncio.ensure_future(self.events.__anext__())
-        gone = asyncio.ensure_future(disconnected(self.request))
+        gone = asyncio.ensure_future(disconnected(self.receive))
         try:
             done, _ = await asyncio.wait({step, gone}, return_when=asyncio.FIRST_COMPLETED)
         finally:
@@ -270,7 +266,7 @@ class _Run:
         headers = {**headers, **api.truncated_header(list(result.truncations))}
         return JSONResponse(reply.completion(text, result), headers=headers)
 
-    async def stream(self, reply: api.Reply, args: api.GenArgs, ev: Any) -> AsyncIterator[bytes]:
+    async def stream(self, reply: api.Reply, ev: Any) -> AsyncIterator[bytes]:
         parts: list[str] = []
         try:
             if reply.chat:
@@ -289,7 +285,7 @@ class _Run:
                 yield event(reply.chunk(rest))
             result = ev.result
             yield event(reply.last_chunk(result))
-            if args.include_usage:
+            if self.call.args.include_usage:
                 yield event(reply.usage_chunk(result))
             self.close(result=result, text="".join(parts))
             yield DONE

@@ -4,17 +4,18 @@ and whether its client is still there."""
 from __future__ import annotations
 
 import time
-from typing import Any
 
 from starlette.requests import Request
+from starlette.types import Receive
 
 from apps.server.openai_api import UnknownModel, check_deadline_ms
 from apps.server.security import ApiKey, check_model_name
+from apps.server.state import ServerState
 from runtime.errors import BadInput
 from runtime.serving.scheduler import Priority
 
 
-def route_model(state: Any, name: object) -> str:
+def route_model(state: ServerState, name: object) -> str:
     """The model entry that serves the public ``name``: checked as a name before any lookup (400), unknown (404),
     or split by its canary router."""
     try:
@@ -57,9 +58,10 @@ def client_of(request: Request, key: ApiKey | None) -> str | None:
     return f"{request.client.host}:{request.client.port}" if request.client else None
 
 
-async def disconnected(request: Request) -> None:
-    """Returns when the client disconnects (the body must have been read already)."""
+async def disconnected(receive: Receive) -> None:
+    """Returns when the client disconnects; ``receive``: the request's ASGI receive channel (``request.receive``),
+    once its body has been read."""
     while True:
-        message = await request.receive()
+        message = await receive()
         if message["type"] == "http.disconnect":
             return
