@@ -155,10 +155,6 @@ class Decoding:
         self.t_start = time.perf_counter()
         self.t_admit = self.t_first = 0.0
 
-    @property
-    def text(self) -> str:
-        return self._text
-
     def admitted(self, reuse: Reused, since: float | None = None) -> None:
         """Its prompt is going into the KV cache, ``reuse.tokens`` of it from a cache (a resumption is no new
         prefill). ``since``: the ``perf_counter()`` time the admission began (restoring a saved prefix is part of
