@@ -232,7 +232,7 @@ class Plc:
     """The peer process and the kiosk's PlcOut on its pty."""
 
     def __init__(self, work: Path) -> None:
-        from apps.kiosk.plc import PlcOut
+        from apps.kiosk.plc_links import open_plc
 
         self.dir = Path(tempfile.mkdtemp(dir=work, prefix="plc-"))
         self.proc = subprocess.Popen([sys.executable, __file__, "--plc-peer", str(self.dir)])
@@ -241,7 +241,7 @@ class Plc:
             if time.monotonic() > end or self.proc.poll() is not None:
                 raise RuntimeError("the PLC peer did not start")
             time.sleep(0.05)
-        self.out = PlcOut.open(str(self.dir / "tty-kiosk"), journal=self.dir / "journal.db")
+        self.out = open_plc(str(self.dir / "tty-kiosk"), journal=self.dir / "journal.db")
 
     def close(self) -> dict[int, float]:
         drained = self.out.drain(60)

@@ -167,9 +167,9 @@ def _align(turns: list[mva.Clip], heard: list[str], lookahead: int = 3) -> list[
 
 
 def _pct(values: list[float], q: float) -> float:
-    from apps.voice.timing import percentile
+    from runtime.metrics import PercentileMethod, percentile
 
-    return percentile(values, q) if values else float("nan")
+    return percentile(values, q, method=PercentileMethod.NEAREST_RANK) if values else float("nan")
 
 
 def main() -> int:

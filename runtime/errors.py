@@ -7,6 +7,8 @@ nothing else (no traceback) reaches the terminal for these.
 
 from __future__ import annotations
 
+import re
+
 
 class EdgerunError(Exception):
     """Base class. ``exit_code`` is what the CLI exits with."""
@@ -73,15 +75,30 @@ class Cancelled(EdgerunError):
     exit_code = 10
 
 
+def not_installed(module: str, pip_line: str, *, purpose: str = "", cause: str | None = None) -> MissingDependency:
+    """The error for an optional package that is not installed: the one wording of it (what needs ``module``,
+    the package actually absent when ``module`` imports another one, ``cause``, and the ``pip_line``)."""
+    who = f"{purpose} needs {module!r}, which is" if purpose else f"the Python package {module!r} is"
+    also = f" (it imports {cause!r}, which is missing)" if cause else ""
+    return MissingDependency(f"{who} not installed{also}; install it with: {pip_line}")
+
+
 def missing(module: str, extra: str) -> MissingDependency:
-    """The error for an optional package that is not installed."""
-    return MissingDependency(
-        f"the Python package {module!r} is not installed; install it with: pip install 'edgerun[{extra}]'"
-    )
+    """The error for an optional package that edgerun's extra ``extra`` installs (``pip install 'edgerun[extra]'``)."""
+    return not_installed(module, f"pip install 'edgerun[{extra}]'")
 
 
-def one_line(exc: BaseException, limit: int = 400) -> str:
-    """An exception's message on one line (native runtimes' and Jinja's span several), at most ``limit`` characters;
-    its type's name when it has no message."""
-    text = " ".join(str(exc).split()) or type(exc).__name__
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def one_line(what: BaseException | str, limit: int | None = 400, *, escape: bool = False) -> str:
+    """An exception's message (native runtimes' and Jinja's span several), or a text, on one line: its words
+    joined by single spaces; an exception's type's name when it has no message. ``escape``: the control
+    characters left (an escape sequence in a name) written as ``\\x1b``, so a terminal shows them harmlessly.
+    At most ``limit`` characters (None: no limit), cut with "..."."""
+    text = " ".join(str(what).split())
+    if not text and isinstance(what, BaseException):
+        text = type(what).__name__
+    if escape:
+        text = _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+    return text if limit is None or len(text) <= limit else text[: limit - 3] + "..."

@@ -1,10 +1,12 @@
-"""No import cycles among runtime/ modules, read from the source with ``ast``.
+"""No import cycles among the modules of runtime/, apps/, devices/, converters/ and models/, read with ``ast``.
 
-Every ``import`` is listed, in two groups: module-level (run when the module is
-imported) and function-level (run when the function is called, the usual way to
-hide a cycle). Imports under ``if TYPE_CHECKING:`` never run and are left out.
-The cycle check uses the module-level imports; the function-level ones are
-checked too, so a cycle cannot come back by moving an import into a function.
+Every ``import`` is listed, in three groups: module-level (run when the module is imported), function-level
+(run when the function is called, the usual way to hide a cycle) and type-only (under ``if TYPE_CHECKING:``,
+never run, read by type checkers and people). Three checks, each counting one more group: module-level imports
+alone; those and the function-level ones, so a cycle cannot come back by moving an import into a function; and
+all three, so a cycle cannot hide under TYPE_CHECKING either (two modules that each need the other's types to
+be read are one module cut in the wrong place, or a shared type that belongs in a third). Imports between the
+packages count too: runtime -> devices -> runtime is a cycle like any other.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGE = "runtime"
+PACKAGES = ("runtime", "apps", "devices", "converters", "models")
 
 
 def _module_name(path: Path) -> str:
@@ -42,37 +44,53 @@ def _targets(node: ast.Import | ast.ImportFrom, module: str, is_package: bool) -
     return [base] + [f"{base}.{alias.name}" for alias in node.names]
 
 
-def imports_of(path: Path) -> tuple[set[str], set[str]]:
-    """(module-level, function-level) imports of the file at ``path``, TYPE_CHECKING blocks left out."""
+def read_imports(path: Path) -> tuple[set[str], set[str], set[str]]:
+    """(module-level, function-level, type-only) imports of the file at ``path``.
+
+    Type-only: under ``if TYPE_CHECKING:`` (its ``else:`` runs, so it counts as code); an import there inside a
+    function is type-only too."""
     module = _module_name(path)
     is_package = path.name == "__init__.py"
     top: set[str] = set()
     inner: set[str] = set()
+    typed: set[str] = set()
 
-    def visit(node: ast.AST, in_function: bool) -> None:
+    def visit(node: ast.AST, in_function: bool, type_only: bool) -> None:
         for child in ast.iter_child_nodes(node):
             if isinstance(child, ast.If) and _is_type_checking(child):
+                for sub in child.body:
+                    visit(ast.Module(body=[sub], type_ignores=[]), in_function, True)
                 for sub in child.orelse:
-                    visit(ast.Module(body=[sub], type_ignores=[]), in_function)
+                    visit(ast.Module(body=[sub], type_ignores=[]), in_function, type_only)
                 continue
             if isinstance(child, (ast.Import, ast.ImportFrom)):
-                (inner if in_function else top).update(_targets(child, module, is_package))
-            visit(child, in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)))
+                (typed if type_only else inner if in_function else top).update(_targets(child, module, is_package))
+            visit(child, in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)), type_only)
 
-    visit(ast.parse(path.read_text(), str(path)), False)
+    visit(ast.parse(path.read_text(), str(path)), False, False)
+    return top, inner, typed
+
+
+def imports_of(path: Path) -> tuple[set[str], set[str]]:
+    """(module-level, function-level) imports of the file at ``path``, TYPE_CHECKING blocks left out."""
+    top, inner, _ = read_imports(path)
     return top, inner
 
 
 def _modules() -> dict[str, Path]:
-    return {_module_name(p): p for p in sorted((ROOT / PACKAGE).rglob("*.py"))}
+    return {_module_name(p): p for package in PACKAGES for p in sorted((ROOT / package).rglob("*.py"))}
+
+
+LEVELS = ("module", "function", "type")  # each counts the imports of the ones before it too
 
 
 def _graph(level: str) -> dict[str, set[str]]:
+    assert level in LEVELS, level
     modules = _modules()
     graph: dict[str, set[str]] = {}
     for name, path in modules.items():
-        top, inner = imports_of(path)
-        found = top if level == "module" else top | inner
+        top, inner, typed = read_imports(path)
+        found = top | (inner if level != "module" else set()) | (typed if level == "type" else set())
         graph[name] = {t for t in found if t in modules and t != name}
     return graph
 
@@ -100,7 +118,7 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
     return None
 
 
-def test_the_reader_lists_module_and_function_level_imports_apart(tmp_path: Path) -> None:
+def test_the_reader_lists_module_function_level_and_type_only_imports_apart(tmp_path: Path) -> None:
     pkg = tmp_path / "runtime"
     pkg.mkdir()
     src = pkg / "m.py"
@@ -111,18 +129,27 @@ def test_the_reader_lists_module_and_function_level_imports_apart(tmp_path: Path
         "from . import c\n"
         "if TYPE_CHECKING:\n"
         "    from runtime.hidden import H\n"
+        "else:\n"
+        "    import runtime.e\n"
         "def f():\n"
         "    from runtime.d import D\n"
     )
-    global ROOT
-    saved, ROOT = ROOT, tmp_path
+    (pkg / "hidden.py").write_text("from runtime.m import f\n")
+    global ROOT, PACKAGES
+    saved, ROOT, saved_packages, PACKAGES = ROOT, tmp_path, PACKAGES, ("runtime",)
     try:
         top, inner = imports_of(src)
+        typed = read_imports(src)[2]
+        graphs = {level: _graph(level) for level in LEVELS}
     finally:
-        ROOT = saved
-    assert {"runtime.a", "runtime.b", "runtime.c"} <= top
+        ROOT, PACKAGES = saved, saved_packages
+    assert {"runtime.a", "runtime.b", "runtime.c", "runtime.e"} <= top
     assert "runtime.d" in inner and "runtime.d" not in top
     assert not any("hidden" in name for name in top | inner)
+    assert typed == {"runtime.hidden", "runtime.hidden.H"}
+    # m -> hidden under TYPE_CHECKING, hidden -> m at module level: only the type-only check counts the cycle.
+    assert find_cycle(graphs["module"]) is None and find_cycle(graphs["function"]) is None
+    assert find_cycle(graphs["type"]) == ["runtime.hidden", "runtime.m", "runtime.hidden"]
 
 
 def test_find_cycle_sees_the_old_llm_chat_cycle() -> None:
@@ -132,13 +159,27 @@ def test_find_cycle_sees_the_old_llm_chat_cycle() -> None:
     assert find_cycle({"runtime.llm": {"runtime.chat"}, "runtime.chat": {"runtime.generation"}}) is None
 
 
-def test_runtime_modules_import_no_cycle_at_module_level() -> None:
+def test_the_reader_sees_every_package() -> None:
     graph = _graph("module")
+    for package in PACKAGES:
+        names = [name for name in graph if name.split(".")[0] == package]
+        assert names, f"no module read under {package}/"
+        # models/ holds recipes (TOML) and a package docstring today: a package of one file may import nothing
+        assert len(names) == 1 or any(graph[name] for name in names), f"no imports read under {package}/"
+    assert "apps.kiosk.camera" in graph["apps.kiosk.sources"], "the reader found no imports in apps/kiosk/sources.py"
     assert graph["runtime.llm.model"], "the reader found no imports in runtime/llm/model.py"
-    cycle = find_cycle(graph)
-    assert cycle is None, "import cycle among runtime modules: " + " -> ".join(cycle or [])
 
 
-def test_runtime_modules_import_no_cycle_even_through_function_level_imports() -> None:
-    cycle = find_cycle(_graph("all"))
-    assert cycle is None, "import cycle among runtime modules (counting imports inside functions): " + " -> ".join(cycle or [])
+def test_no_import_cycle_at_module_level() -> None:
+    cycle = find_cycle(_graph("module"))
+    assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
+
+
+def test_no_import_cycle_even_through_function_level_imports() -> None:
+    cycle = find_cycle(_graph("function"))
+    assert cycle is None, "import cycle (counting imports inside functions): " + " -> ".join(cycle or [])
+
+
+def test_no_import_cycle_even_through_type_only_imports() -> None:
+    cycle = find_cycle(_graph("type"))
+    assert cycle is None, "import cycle (counting imports inside functions and under TYPE_CHECKING): " + " -> ".join(cycle or [])

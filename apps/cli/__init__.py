@@ -1,10 +1,12 @@
 """The ``edgerun`` command: one dispatcher, each subcommand imported only when it runs.
 
 A subcommand module exposes ``HELP`` (one line), ``add_arguments(parser)`` and
-``main(args) -> int``. Data goes to stdout, logs and errors to stderr. Exit codes:
-0 ok, 2 bad input, 3 does not fit the memory budget, 4 missing optional package,
-5 placement refused, 6 backend failure, 7 conversion failed its quality gate,
-130 interrupted.
+``main(args) -> int``. Data goes to stdout, logs and errors to stderr. Exit codes
+(``exit_code`` of runtime.errors' classes, and the dispatcher's own):
+0 ok, 1 other edgerun error, 2 bad input, 3 does not fit the memory budget,
+4 missing optional package, 5 placement refused, 6 backend failure,
+7 conversion failed its quality gate, 8 queue full, 9 deadline exceeded,
+10 cancelled, 130 interrupted.
 """
 
 from __future__ import annotations
@@ -12,10 +14,9 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
-import re
 import sys
 
-from runtime.errors import EdgerunError
+from runtime.errors import EdgerunError, one_line
 
 # name -> module; modules are imported only when their command runs.
 COMMANDS: dict[str, str] = {
@@ -41,21 +42,11 @@ COMMANDS: dict[str, str] = {
 }
 
 
-def one_line(text: str) -> str:
-    """``text`` as one line: its lines joined by spaces, other control characters escaped (``\\x1b``).
-
-    The dispatcher is the last guard of "one line per error": a backend's multi-line
-    message, or a name with a newline or a terminal escape in it, cannot break it.
-    """
-    joined = " ".join(part.strip() for part in text.replace("\t", " ").splitlines() if part.strip())
-    return re.sub(r"[\x00-\x1f\x7f-\x9f]", lambda m: f"\\x{ord(m.group()):02x}", joined)
-
-
 class _Parser(argparse.ArgumentParser):
     """argparse, with its errors on one line: the flag, the value, what is valid (usage is one --help away)."""
 
     def error(self, message: str):  # type: ignore[override]
-        self.exit(2, f"{self.prog}: error: {one_line(message)} (see {self.prog} --help)\n")
+        self.exit(2, f"{self.prog}: error: {one_line(message, None, escape=True)} (see {self.prog} --help)\n")
 
 
 def _usage() -> str:
@@ -112,7 +103,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(mod.main(args) or 0)
     except EdgerunError as exc:
-        print(f"edgerun: {one_line(str(exc))}", file=sys.stderr)
+        # the last guard of "one line per error": a backend's multi-line message, or a name with a newline or a
+        # terminal escape in it, cannot break it
+        print(f"edgerun: {one_line(str(exc), None, escape=True)}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         print("edgerun: interrupted", file=sys.stderr)

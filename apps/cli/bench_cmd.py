@@ -20,6 +20,7 @@ from apps.cli.common import print_json, refuse_flags
 from apps.cli.flags import MAX_BATCH, MAX_RUNS, integer, size, thread_count
 from runtime.errors import BadInput
 from runtime.llm.plan import CTX_PAD, DEFAULT_MAX_CTX
+from runtime.metrics import PercentileMethod, percentile
 
 HELP = ("measure a model: an LLM's prefill/decode tokens/s per thread count (llama-bench's pp/tg) and speculation; "
         "a vision or audio bundle's latency p50/p99, throughput with batching, placement")
@@ -100,8 +101,8 @@ def measure(ref: Any, threads: int, runs: int, batch: int, target: str = "auto",
             **extra,
             "model": clf.model.manifest.ref,
             "threads": threads,
-            "p50_ms": float(np.percentile(one, 50) * 1000),
-            "p99_ms": float(np.percentile(one, 99) * 1000),
+            "p50_ms": percentile(one, 50, method=PercentileMethod.LINEAR) * 1000,
+            "p99_ms": percentile(one, 99, method=PercentileMethod.LINEAR) * 1000,
             "batch": batch,
             "throughput_per_s": float(batch / np.median(many)),
             "placement": clf.placement.to_dict(),

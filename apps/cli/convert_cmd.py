@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import importlib
 
-from runtime.errors import BadInput, MissingDependency
+from runtime.errors import BadInput, MissingDependency, not_installed
 
 HELP = "convert a trained model into a quantized, measured bundle (convert llm|vision|audio|draft --help)"
 KINDS = {
@@ -26,9 +26,12 @@ OWN_PACKAGES = {"apps", "converters", "runtime", "devices"}
 def unavailable(kind: str, exc: ModuleNotFoundError) -> str:
     """One line: which converter, which module is missing, and the pip line that installs it."""
     name = exc.name or "?"
-    what = (f"its module {name!r} is not part of this install" if name.split(".")[0] in OWN_PACKAGES
-            else f"the Python package {name.split('.')[0]!r} is not installed")
-    return f"the {kind} converter cannot be imported: {what}; install it with: pip install 'edgerun[{EXTRAS[kind]}]'"
+    pip_line = f"pip install 'edgerun[{EXTRAS[kind]}]'"
+    if name.split(".")[0] in OWN_PACKAGES:
+        what = f"its module {name!r} is not part of this install; install it with: {pip_line}"
+    else:
+        what = str(not_installed(name.split(".")[0], pip_line))
+    return f"the {kind} converter cannot be imported: {what}"
 
 
 def _import(kind: str) -> tuple[object | None, str | None]:

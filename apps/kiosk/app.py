@@ -165,7 +165,7 @@ class Kiosk:
         from apps.kiosk.adapters import identity
         from apps.kiosk.audit import AuditTrail, default_db_path
         from apps.kiosk.pipeline import Pipeline
-        from apps.kiosk.plc import PlcOut
+        from apps.kiosk.plc_links import open_plc
         from apps.kiosk.retention import Retention
         from apps.kiosk.sources import open_source
         from apps.kiosk.state import Follower, KioskState, board_temperature_c
@@ -187,7 +187,7 @@ class Kiosk:
         with self.residency.acquire(name) as model:
             classes = tuple(getattr(model, "labels", ()) or ())
             self.deciding_name, version, _ = identity(model)
-        self.plc = PlcOut.open(cfg.plc, journal=cfg.plc_journal, classes=classes)
+        self.plc = open_plc(cfg.plc, journal=cfg.plc_journal, classes=classes)
         keep = Retention(cfg.audit_max_age_days * 86400.0, cfg.audit_db_quota, cfg.audit_min_free)
         self.audit = AuditTrail(cfg.audit_db or default_db_path(), quota_bytes=cfg.audit_quota, pass_sample=cfg.pass_sample,
                                 retention=keep, on_fault=lambda message: self.faults.latch(FaultKind.AUDIT, message))

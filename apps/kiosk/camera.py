@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from apps.kiosk.sources import VALID_SPECS, Source, _too_big
+from apps.kiosk.source import VALID_SPECS, Source, too_big
 from apps.kiosk.types import Part
 from runtime.errors import BadInput
 
@@ -172,7 +172,7 @@ class CameraSource(Source):
         fid = f"{self.name}#{n}"
         if frame.ndim != 3 or frame.shape[2] != 3 or frame.dtype != np.uint8:
             return self.make_part(fid, None, f"camera frame {frame.shape} {frame.dtype} is not 8-bit BGR", None, t)
-        reason = _too_big(frame.shape[1], frame.shape[0])
+        reason = too_big(frame.shape[1], frame.shape[0])
         return self.make_part(fid, None if reason else np.ascontiguousarray(frame[..., ::-1]), reason, None, t)
 
     def _frames(self):  # unused: __next__ is overridden

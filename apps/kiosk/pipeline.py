@@ -38,6 +38,7 @@ from apps.kiosk.deadlines import DeadlineTimer
 from apps.kiosk.policy import Policy, Ruling
 from apps.kiosk.types import STAGES, Decision, Part, Verdict
 from runtime.errors import BadInput, Cancelled, DeadlineExceeded, DoesNotFit, QueueFull, one_line
+from runtime.metrics import PercentileMethod, percentile
 from runtime.residency.manager import ModelSpec, ResidencyManager
 from runtime.serving.batcher import DynamicBatcher
 
@@ -463,8 +464,8 @@ class Pipeline:
                 "placement": self.placement,
             }
         out["saturated"] = out["saturated"] or out["queued"] >= self.max_queue
-        out["latency_ms"] = {s: ({"p50": round(float(np.percentile(v, 50)), 3), "p99": round(float(np.percentile(v, 99)), 3)}
-                                 if v is not None else {"p50": None, "p99": None}) for s, v in lat.items()}
+        out["latency_ms"] = {s: {f"p{q}": round(percentile(v, q, method=PercentileMethod.LINEAR), 3) if v is not None else None
+                                 for q in (50, 99)} for s, v in lat.items()}
         canary = self._canary
         out["canary"] = canary.stats() if canary is not None else self._last_canary
         return out

@@ -1,6 +1,6 @@
 """The kiosk's output to the PLC: every decision journaled on disk until the PLC acknowledged it.
 
-``PlcOut.open(url)`` picks the link from the URL:
+``open_plc(url)`` (apps.kiosk.plc_links, the module that knows every link kind) picks the link from the URL:
 
 * ``serial:///dev/ttyUSB0?baud=115200``, a tty path (``/dev/ttyUSB0``, a pty), ``socket://HOST:PORT``,
   ``rfc2217://HOST:PORT``, ``loop://``: the edgerun frame link (devices.link.sender), whose peer is
@@ -40,11 +40,11 @@ import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Sequence
 from urllib.parse import parse_qsl, urlencode
 
 from apps.kiosk.types import Decision, Verdict
-from devices.link.journal import Durability, Journal
+from devices.link.journal import Journal
 from devices.link.transport import SerialURL
 from runtime.errors import BadInput
 from runtime.units import shown
@@ -192,7 +192,9 @@ def parse_url(url: str) -> tuple[str, str, dict[str, int]]:
 
 
 class PlcOut:
-    """``with PlcOut.open(url, journal=path) as plc: plc.send(decision)``; thread-safe."""
+    """``with open_plc(url, journal=path) as plc: plc.send(decision)`` (apps.kiosk.plc_links); thread-safe.
+
+    The base of the link kinds: the journal, the part numbers and the state; a kind writes the link's half."""
 
     protocol = ""
 
@@ -212,46 +214,6 @@ class PlcOut:
                 log.warning("journal entry %d is not a kiosk decision: %s", entry.seq, exc)
         if self._parts:
             log.info("%d decisions from the last run wait for the PLC; they go first, in order", len(self._parts))
-
-    @staticmethod
-    def open(
-        url: str,
-        *,
-        journal: str | Path | None = None,
-        durability: Durability | str = Durability.FULL,
-        classes: Sequence[str] = (),
-        timeout_s: float = 0.3,
-        on_command: Callable[[bytes], None] | None = None,
-    ) -> "PlcOut":
-        """Open the PLC output; the link (re)connects in the background, so a PLC that is off is not an error.
-
-        ``journal``: the SQLite outbox (default ``$EDGERUN_HOME/kiosk/plc-journal.db``); reopening it after a
-        restart resends what the PLC has not acknowledged, in order. ``classes``: the model's class names, for
-        the Modbus class index. ``timeout_s``: how long a Modbus PLC may take to answer a write. ``on_command``:
-        called once per COMMAND frame the PLC sends over the frame link (a trigger). With Modbus, a trigger input
-        is read through the output's own ``link`` under its ``lock`` (one port, one owner).
-        """
-        protocol, target, options = parse_url(url)
-        if on_command is not None and protocol != "frames":
-            raise BadInput(f"PLC URL {shown(url)} is Modbus, which carries no commands; read its trigger input through "
-                           "the output's link and lock (apps.kiosk.triggers.ModbusTrigger)")
-        path = Path(journal) if journal is not None else default_journal_path()
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise BadInput(f"cannot create the PLC journal's folder {str(path.parent)!r}: {exc.strerror or exc}") from exc
-        jr = Journal(path, durability)
-        try:
-            if protocol == "frames":
-                from apps.kiosk.plc_links import FramedPlc
-
-                return FramedPlc(url, jr, target, on_command)
-            from apps.kiosk.plc_links import ModbusPlc
-
-            return ModbusPlc(url, jr, target, options, tuple(classes), timeout_s)
-        except BaseException:
-            jr.close()
-            raise
 
     def send(self, decision: Decision) -> int:
         """Journal ``decision`` (durable when this returns) for the PLC; returns its journal sequence."""

@@ -1,4 +1,6 @@
-"""The two link halves behind :class:`apps.kiosk.plc.PlcOut`: the edgerun frame link and Modbus RTU.
+"""The two link halves behind :class:`apps.kiosk.plc.PlcOut`: the edgerun frame link and Modbus RTU, and
+:func:`open_plc`, which picks one from the PLC URL (this module knows every kind; apps.kiosk.plc, the base,
+knows none).
 
 Both take decisions from the same journal in order and drop them from it only once the PLC
 acknowledged them (a frame link ACK; a Modbus write the PLC answered).
@@ -9,13 +11,15 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
-from apps.kiosk.plc import REGISTERS, PlcOut, decode, registers
+from apps.kiosk.plc import REGISTERS, PlcOut, decode, default_journal_path, parse_url, registers
 from apps.kiosk.types import Decision
 from devices.link.frame import FrameType
-from devices.link.journal import Journal
+from devices.link.journal import Durability, Journal
 from devices.link.transport import LinkDown
 from runtime.errors import BadInput
+from runtime.units import shown
 
 log = logging.getLogger(__name__)
 
@@ -138,3 +142,40 @@ class ModbusPlc(PlcOut):
     def _close_port(self) -> None:
         with self.lock:
             self.link.close()
+
+
+def open_plc(
+    url: str,
+    *,
+    journal: str | Path | None = None,
+    durability: Durability | str = Durability.FULL,
+    classes: Sequence[str] = (),
+    timeout_s: float = 0.3,
+    on_command: Callable[[bytes], None] | None = None,
+) -> PlcOut:
+    """Open the PLC output named by ``url`` (:func:`apps.kiosk.plc.parse_url`); the link (re)connects in the
+    background, so a PLC that is off is not an error.
+
+    ``journal``: the SQLite outbox (default ``$EDGERUN_HOME/kiosk/plc-journal.db``); reopening it after a
+    restart resends what the PLC has not acknowledged, in order. ``classes``: the model's class names, for
+    the Modbus class index. ``timeout_s``: how long a Modbus PLC may take to answer a write. ``on_command``:
+    called once per COMMAND frame the PLC sends over the frame link (a trigger). With Modbus, a trigger input
+    is read through the output's own ``link`` under its ``lock`` (one port, one owner).
+    """
+    protocol, target, options = parse_url(url)
+    if on_command is not None and protocol != "frames":
+        raise BadInput(f"PLC URL {shown(url)} is Modbus, which carries no commands; read its trigger input through "
+                       "the output's link and lock (apps.kiosk.triggers.ModbusTrigger)")
+    path = Path(journal) if journal is not None else default_journal_path()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise BadInput(f"cannot create the PLC journal's folder {str(path.parent)!r}: {exc.strerror or exc}") from exc
+    jr = Journal(path, durability)
+    try:
+        if protocol == "frames":
+            return FramedPlc(url, jr, target, on_command)
+        return ModbusPlc(url, jr, target, options, tuple(classes), timeout_s)
+    except BaseException:
+        jr.close()
+        raise

@@ -1,19 +1,20 @@
 """Where the kiosk's parts come from: a camera, a video file, a folder of images, optionally gated by a PLC trigger.
 
 ``open_source(spec, watch=False, trigger=None)`` takes ``camera:N``, a video ``FILE.mp4`` (.avi .mkv .mov .m4v)
-or a ``DIR`` of images. A :class:`Source` is a single-pass iterator of :class:`~apps.kiosk.types.Part`; the
-source numbers parts (``seq``) as it hands them out, monotonically, never twice. A frame that cannot be read
-(a corrupt, truncated, empty or oversized file; a video that ends before its frame count) still becomes a
-Part, with ``image=None`` and ``error`` saying why, so the pipeline decides it fail-safe: a part on the line
-is never skipped because its picture was bad.
+or a ``DIR`` of images: this module knows every kind (a folder, a video and a trigger here, the camera in
+apps.kiosk.camera). Each is a :class:`~apps.kiosk.source.Source`, a single-pass iterator of numbered
+:class:`~apps.kiosk.types.Part`; that contract lives in apps.kiosk.source, which imports no kind, so the
+kinds import it one way. A frame that cannot be read (a corrupt, truncated, empty or oversized file; a video
+that ends before its frame count) still becomes a Part, with ``image=None`` and ``error`` saying why, so the
+pipeline decides it fail-safe: a part on the line is never skipped because its picture was bad.
 
 Ground truth (``Part.label``: ``good`` or the defect name, as scripts/make_parts.py writes them) comes from a
 ``labels.csv`` at the folder's root (columns ``file,label[,defect]``, file relative to the root) or a
 ``<video stem>.csv`` next to a video (``frame,label[,defect]``); None when there is none.
 
 Everything read is bounded: image files by :data:`MAX_FILE_BYTES`, images and video frames by
-:data:`MAX_SIDE`/:data:`MAX_PIXELS` (checked from the header, before decoding), label files by
-:data:`MAX_LABELS_BYTES`. The camera is watched: see :class:`CameraSource`.
+:data:`~apps.kiosk.source.MAX_SIDE`/:data:`~apps.kiosk.source.MAX_PIXELS` (checked from the header, before
+decoding), label files by :data:`MAX_LABELS_BYTES`. The camera is watched: see :class:`~apps.kiosk.camera.CameraSource`.
 """
 
 from __future__ import annotations
@@ -23,113 +24,27 @@ import io
 import logging
 import os
 import re
-import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
+from apps.kiosk.camera import CameraSource
+from apps.kiosk.source import MAX_PIXELS, MAX_SIDE, VALID_SPECS, Source, too_big
 from apps.kiosk.types import Part
 from runtime.errors import BadInput
 
 log = logging.getLogger(__name__)
 
 MAX_FILE_BYTES = 64 << 20  # an image file larger than this is refused unread
-MAX_SIDE = 8192  # pixels, either dimension
-MAX_PIXELS = 40_000_000  # width x height
 MAX_LABELS_BYTES = 16 << 20
 MAX_CAMERA = 63
 IMAGE_EXTS = (".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff", ".webp")
 VIDEO_EXTS = (".mp4", ".avi", ".mkv", ".mov", ".m4v")
-VALID_SPECS = "camera:N (N = 0..63, a V4L2 device), a video FILE (.mp4 .avi .mkv .mov .m4v), or a DIR of images"
-
-
-class SeqCounter:
-    """Hands out part sequence numbers: monotonic, never reused (shared by a source and its trigger wrapper)."""
-
-    def __init__(self, first: int = 1) -> None:
-        if isinstance(first, bool) or not isinstance(first, int) or first < 0:
-            raise BadInput(f"first_seq {first!r} is invalid; valid: an integer >= 0")
-        self._next = first
-        self._lock = threading.Lock()
-
-    def take(self) -> int:
-        with self._lock:
-            seq, self._next = self._next, self._next + 1
-            return seq
-
-
-class Source:
-    """A single-pass iterator of Parts with ``health()``, ``grab()`` and ``close()`` (also a context manager).
-
-    Subclasses implement ``_frames()``: a generator of ``(frame_id, image, error, label, t_capture)``.
-    """
-
-    kind = "source"
-    live = False  # True when more frames may still come after a grab() came back empty (camera, watched folder)
-
-    def __init__(self, name: str, *, first_seq: int = 1, seq: SeqCounter | None = None) -> None:
-        self.name = name
-        self.seq = seq or SeqCounter(first_seq)
-        self._stop = threading.Event()
-        self._gen: Iterator | None = None
-        self.delivered = 0
-        self.errors = 0
-
-    def _frames(self) -> Iterator[tuple[str, np.ndarray | None, str | None, str | None, float]]:
-        raise NotImplementedError
-
-    def make_part(self, frame_id: str, image: np.ndarray | None, error: str | None = None,
-                  label: str | None = None, t_capture: float | None = None) -> Part:
-        part = Part(self.seq.take(), frame_id, self.name, time.monotonic() if t_capture is None else t_capture,
-                    image if error is None else None, error, label)
-        self.delivered += 1
-        if error is not None:
-            self.errors += 1
-            log.warning("%s %s: %s", self.name, frame_id, error)
-        return part
-
-    def __iter__(self) -> "Source":
-        return self
-
-    def __next__(self) -> Part:
-        if self._gen is None:
-            self._gen = self._frames()
-        if self._stop.is_set():
-            raise StopIteration
-        frame_id, image, error, label, t = next(self._gen)
-        return self.make_part(frame_id, image, error, label, t)
-
-    def grab(self, timeout_s: float = 1.0) -> Part | None:
-        """One part now (a trigger fired); None when the source has nothing more (or nothing within ``timeout_s``)."""
-        try:
-            return next(self)
-        except StopIteration:
-            return None
-
-    def health(self) -> dict[str, object]:
-        return {"source": self.name, "kind": self.kind, "state": "closed" if self._stop.is_set() else "running",
-                "parts": self.delivered, "errors": self.errors}
-
-    def close(self) -> None:
-        """Stop (also from another thread: a waiting iteration ends at its next poll)."""
-        self._stop.set()
-
-    def __enter__(self) -> "Source":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 # --- decoding, bounded -------------------------------------------------------------------------------------
-
-
-def _too_big(w: int, h: int) -> str | None:
-    if w > MAX_SIDE or h > MAX_SIDE or w * h > MAX_PIXELS:
-        return f"image is {w}x{h}, over the cap ({MAX_SIDE} px a side, {MAX_PIXELS} pixels)"
-    return None
 
 
 def read_image(path: str | os.PathLike[str]) -> tuple[np.ndarray | None, str | None]:
@@ -146,7 +61,7 @@ def read_image(path: str | os.PathLike[str]) -> tuple[np.ndarray | None, str | N
 
     try:
         with Image.open(path) as im:  # reads the header only
-            reason = _too_big(*im.size)
+            reason = too_big(*im.size)
             if reason:
                 return None, reason
             image = np.asarray(im.convert("RGB"))  # decodes fully: a truncated file raises here
@@ -274,7 +189,7 @@ class VideoSource(Source):
         if not self._cap.isOpened():
             raise BadInput(f"source {str(path)!r}: OpenCV cannot decode this video; valid: {VALID_SPECS}")
         w, h = int(self._cap.get(cv2.CAP_PROP_FRAME_WIDTH)), int(self._cap.get(cv2.CAP_PROP_FRAME_HEIGHT))
-        reason = _too_big(w, h)
+        reason = too_big(w, h)
         if reason:
             self._cap.release()
             raise BadInput(f"source {str(path)!r}: video {reason}")
@@ -290,7 +205,7 @@ class VideoSource(Source):
                 if not ok or frame is None:
                     break
                 fid = f"{self.path.name}#{index}"
-                reason = _too_big(frame.shape[1], frame.shape[0]) if frame.ndim >= 2 else "frame has no pixels"
+                reason = too_big(frame.shape[1], frame.shape[0]) if frame.ndim >= 2 else "frame has no pixels"
                 image = None if reason else np.ascontiguousarray(frame[..., ::-1] if frame.ndim == 3 else np.dstack([frame] * 3))
                 yield fid, image, reason, self.labels.get(str(index)), t
                 index += 1
@@ -319,8 +234,6 @@ def open_source(spec: str, *, watch: bool = False, trigger=None, first_seq: int 
     """``camera:N`` | ``FILE.mp4`` | ``DIR`` -> an open Source; BadInput (one line naming the valid forms)
     for anything else. ``trigger`` (an object with ``wait(timeout_s) -> bool``, see apps.kiosk.triggers)
     wraps it in a :class:`TriggerSource`: one part per trigger. ``options`` go to the source's class."""
-    from apps.kiosk.camera import CameraSource
-
     if not isinstance(spec, str) or not spec.strip():
         raise BadInput(f"source {spec!r} is empty; valid: {VALID_SPECS}")
     m = re.fullmatch(r"camera:([0-9]{1,3})", spec.strip())

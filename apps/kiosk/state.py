@@ -30,6 +30,7 @@ from apps.kiosk import overlay
 from apps.kiosk.faults import FaultLatch
 from apps.kiosk.types import STAGES, Decision, Part, Verdict
 from runtime.errors import BadInput, one_line
+from runtime.metrics import PercentileMethod, percentile
 
 log = logging.getLogger(__name__)
 
@@ -50,8 +51,10 @@ def board_temperature_c() -> float | None:
     return cpu_temperature_c(read_thermal_zones(RootFS.at("/")))
 
 
-def _percentile(values: np.ndarray, q: float) -> float | None:
-    return round(float(np.percentile(values, q)), 3) if values.size else None
+def _p50_p99(values: np.ndarray) -> dict[str, float | None]:
+    """The median and p99 of ``values`` (ms, numpy's linear method, to the microsecond); None for both when empty."""
+    return {f"p{q}": round(percentile(values, q, method=PercentileMethod.LINEAR), 3) if values.size else None
+            for q in (50, 99)}
 
 
 def _jsonable(value: Any) -> Any:
@@ -79,8 +82,8 @@ def _latency_summary(window: list[dict[str, float]]) -> dict[str, Any]:
     stages = {}
     for stage in [k for k in STAGES if k in seen] + sorted(seen - set(STAGES)):
         values = np.asarray([lat[stage] for lat in window if stage in lat], dtype=np.float64)
-        stages[stage] = {"p50": _percentile(values, 50), "p99": _percentile(values, 99)}
-    return {"n": int(totals.size), "p50": _percentile(totals, 50), "p99": _percentile(totals, 99), "stages": stages}
+        stages[stage] = _p50_p99(values)
+    return {"n": int(totals.size), **_p50_p99(totals), "stages": stages}
 
 
 def reason_key(reason: str) -> str:
@@ -136,7 +139,7 @@ class _Bucket:
         lat = np.asarray(self.latencies, dtype=np.float64)
         return {"t": round(self.t_wall, 3), "parts": sum(self.counts[v.value] for v in Verdict),
                 **{v.value: self.counts[v.value] for v in Verdict}, "failsafe": self.counts["failsafe"],
-                "p50": _percentile(lat, 50), "p99": _percentile(lat, 99)}
+                **_p50_p99(lat)}
 
 
 class Subscription:

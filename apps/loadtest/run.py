@@ -18,10 +18,10 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field, replace
 
 import httpx
-import numpy as np
 
 from apps.loadtest.client import OUTCOMES, Outcome, request_body, request_headers, stream_one
 from apps.loadtest.workload import Prompt, load_prompts, pick_priority
+from runtime.metrics import PercentileMethod, percentile
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +51,7 @@ class LoadSpec:
 
 
 def _pct(values: list[float], q: float) -> float | None:
-    return float(np.percentile(values, q)) if values else None
+    return percentile(values, q, method=PercentileMethod.LINEAR) if values else None
 
 
 def _ms(values: list[float]) -> dict[str, float | None]:

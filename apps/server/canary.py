@@ -37,6 +37,7 @@ from collections.abc import Callable
 from typing import Any
 
 from runtime.errors import BadInput
+from runtime.metrics import PercentileMethod, percentile
 
 log = logging.getLogger(__name__)
 
@@ -46,9 +47,8 @@ LATENCY_Z = 2.33  # one-sided 99 % for each p95 bound; the two bounds and the ma
 
 
 def p95(values: list[float]) -> float:
-    """The 95th percentile by the nearest-rank method (a value that occurred)."""
-    ordered = sorted(values)
-    return ordered[max(0, math.ceil(0.95 * len(ordered)) - 1)]
+    """The 95th percentile by the nearest-rank method (a value that occurred: the margin compares real requests)."""
+    return percentile(values, 95, method=PercentileMethod.NEAREST_RANK)
 
 
 def p95_bound(values: list[float], z: float, *, upper: bool) -> float:

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from apps.voice.pipeline import Models
-from apps.voice.plan import ESPEAK
+from apps.voice.plan import ESPEAK, WAKE_HOP_FRAMES
 from apps.voice.types import SAMPLE_RATE
 from apps.voice.wake import WakeStream
 from runtime.errors import BadInput
@@ -24,7 +24,6 @@ from runtime.residency.manager import ResidencyManager
 
 log = logging.getLogger(__name__)
 
-WAKE_HOP_FRAMES = 5  # score every 160 ms (openWakeWord steps 80 ms; a wake word lasts ~0.6 s)
 ASR_PARTIAL_EVERY_S = 1.5  # a partial transcript per 1.5 s of speech: bounded CPU on a 2-core board
 # The transcript is decoded after this much quiet following speech (runtime.speech.asr.StreamingTranscriber's pause_s), while
 # the VAD waits out its 0.48 s hangover: ready when the end of speech is confirmed, not a decode later.

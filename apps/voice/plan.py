@@ -27,19 +27,28 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from runtime.errors import DoesNotFit
+from runtime.errors import BadInput, DoesNotFit
 from runtime.llm.plan import RESERVE_FRACTION
-from runtime.residency.manager import ModelSpec, ResidencyManager, summed_bytes
+from runtime.residency.loaders import LoadOptions, PlannedLoader, default_loaders
+from runtime.residency.manager import Loader, ModelSpec, ResidencyManager, ResidentKind, summed_bytes
 from runtime.units import fmt_bytes
+
+if TYPE_CHECKING:  # the type only: its module loads the classifier backends
+    from runtime.classify.audio_classifier import AudioClassifier
 
 log = logging.getLogger(__name__)
 
 ESPEAK = "espeak-ng"  # the TTS ref that is a subprocess, not a resident model
+WAKE = "wake"  # the assistant's own model kind (WakeLoader), beside the residency manager's ResidentKind
 DEFAULT_CTX = 1024  # tokens of conversation memory (the LLM's one slot)
-SHRINK_HINTS = {"llm": "a smaller --llm, or a smaller --ctx", "asr": "a smaller --asr model", "tts": "--tts espeak-ng",
-                "wake": "another --wake-word, or none", "vad": "(the VAD is already tiny)"}
+# The wake-word detector scores every 5 frames of 32 ms, 160 ms (openWakeWord steps 80 ms; a wake word lasts ~0.6 s):
+# the hop fixes the windows one score holds (hop_windows), so it is part of the plan (apps/voice/models.py runs it).
+WAKE_HOP_FRAMES = 5
+SHRINK_HINTS = {ResidentKind.LLM: "a smaller --llm, or a smaller --ctx", ResidentKind.ASR: "a smaller --asr model",
+                ResidentKind.TTS: "--tts espeak-ng", WAKE: "another --wake-word, or none",
+                ResidentKind.VAD: "(the VAD is already tiny)"}
 # What importing ai-edge-litert adds to the assistant's process (2.3.0, x86_64, scripts/speech_memory.py --assistant:
 # 8.1 MiB); its interpreter's arena and the model are the wake row's own.
 LITERT_RUNTIME_BYTES = 10 << 20
@@ -59,40 +68,40 @@ class VoiceModels:
 
     def specs(self) -> list[ModelSpec]:
         threads = {"threads": self.threads} if self.threads else {}
-        specs = [ModelSpec("vad", self.vad, "vad", pinned=True, keep_alive_s=None),
-                 ModelSpec("asr", self.asr, "asr", pinned=True, keep_alive_s=None, options=threads),
-                 ModelSpec("llm", self.llm, "llm", pinned=True, keep_alive_s=None,
+        specs = [ModelSpec("vad", self.vad, ResidentKind.VAD, pinned=True, keep_alive_s=None),
+                 ModelSpec("asr", self.asr, ResidentKind.ASR, pinned=True, keep_alive_s=None, options=threads),
+                 ModelSpec("llm", self.llm, ResidentKind.LLM, pinned=True, keep_alive_s=None,
                            options={"ctx": self.ctx, "slots": 1, "prefix_cache_bytes": 0, **threads})]  # see above
         if self.tts != ESPEAK:
-            specs.append(ModelSpec("tts", self.tts, "tts", pinned=True, keep_alive_s=None))
+            specs.append(ModelSpec("tts", self.tts, ResidentKind.TTS, pinned=True, keep_alive_s=None))
         if self.wake is not None:
-            specs.insert(0, ModelSpec("wake", self.wake, "wake", pinned=True, keep_alive_s=None))
+            specs.insert(0, ModelSpec("wake", self.wake, WAKE, pinned=True, keep_alive_s=None))
         return specs
 
 
-class WakeLoader:
+@dataclass(frozen=True)
+class WakePlan:
+    """The wake word's plan: its own memory plus its libraries' terms over the assistant's process."""
+
+    total_bytes: int
+    libraries: Mapping[str, int]  # library -> runtime bytes
+
+
+class WakeLoader(PlannedLoader[WakePlan, "AudioClassifier"]):
     """kind "wake": an openWakeWord detector bundle (runtime.classify.audio_classifier.AudioClassifier) as the assistant's
     detector runs it (apps/voice/models.py): its files, its front end's arena, the head's arena for the windows one
     hop scores, and its libraries' terms over the assistant's process (module docstring). Options: threads."""
 
-    def __init__(self) -> None:
-        self._plans: dict[tuple[Any, ...], tuple[int, dict[str, int]]] = {}
+    KIND = WAKE
+    OPTIONS = ("threads",)
 
-    @staticmethod
-    def _key(spec: ModelSpec) -> tuple[Any, ...]:
-        return spec.name, spec.ref, tuple(sorted(spec.options.items()))
-
-    def plan_bytes(self, spec: ModelSpec, budget: int) -> int:
+    def _plan(self, spec: ModelSpec, opts: LoadOptions, budget: int) -> WakePlan:
         from devices.backends import BackendName
         from runtime.bundle.manifest import ModelKind
         from runtime.bundle.resolve import resolve
         from runtime.classify.plan import plan_classifier
-        from runtime.errors import BadInput
         from runtime.speech.models import ORT_RUNTIME_BYTES
 
-        bad = sorted(set(spec.options) - {"threads"})
-        if bad:
-            raise BadInput(f"{spec.name}: unknown wake option {', '.join(map(repr, bad))} (valid: threads)")
         manifest = resolve(spec.ref).manifest
         if manifest.kind != ModelKind.AUDIO or manifest.audio is None:
             raise BadInput(f"--wake-word {spec.ref}: {manifest.ref} is a {manifest.kind.value} bundle, not an audio "
@@ -104,40 +113,38 @@ class WakeLoader:
         if manifest.backend is BackendName.LITERT:
             libraries[BackendName.LITERT.value] = LITERT_RUNTIME_BYTES
         own = plan.total_bytes - plan.runtime_bytes
-        self._plans[self._key(spec)] = (own + sum(libraries.values()), libraries)
-        return own + sum(libraries.values())
+        return WakePlan(own + sum(libraries.values()), libraries)
 
-    def shared_bytes(self, spec: ModelSpec) -> Mapping[str, int]:
-        return self._plans[self._key(spec)][1]
+    def _shared(self, plan: WakePlan) -> Mapping[str, int]:
+        return plan.libraries
 
-    def load(self, spec: ModelSpec, budget: int) -> Any:
+    def _open(self, spec: ModelSpec, opts: LoadOptions, plan: WakePlan, budget: int) -> AudioClassifier:
         from runtime.classify.audio_classifier import AudioClassifier
 
-        if self._key(spec) not in self._plans:
-            self.plan_bytes(spec, budget)
-        # AudioClassifier plans classify's segments against its memory; this plan is the one the manager holds
-        return AudioClassifier.load(spec.ref, threads=spec.options.get("threads"))
+        return AudioClassifier.load(spec.ref, threads=opts.threads)
+
+    def _admit(self, spec: ModelSpec, obj: AudioClassifier, plan: WakePlan) -> AudioClassifier:
+        # AudioClassifier plans classify's 30 s segments against its memory, not the hop this plan is for: its own
+        # plan total differs by design, and this plan is the one the manager holds.
+        return obj
 
 
 def hop_windows() -> int:
     """The head's windows one step of the assistant's detector scores: an embedding every 80 ms / PHASES over one
-    hop (apps/voice/models.py, apps/voice/wake.py)."""
+    hop of WAKE_HOP_FRAMES (apps/voice/models.py, apps/voice/wake.py)."""
     import math
 
-    from apps.voice.models import WAKE_HOP_FRAMES
     from apps.voice.types import FRAME_SAMPLES, SAMPLE_RATE
     from apps.voice.wake import PHASES
 
     return math.ceil(WAKE_HOP_FRAMES * FRAME_SAMPLES / SAMPLE_RATE / 0.08 * PHASES) + 1
 
 
-def voice_loaders(loaders: Mapping[str, Any] | None = None) -> dict[str, Any]:
+def voice_loaders(loaders: Mapping[str, Loader] | None = None) -> dict[str, Loader]:
     """``loaders`` (default: the residency manager's) with the assistant's wake-word loader."""
     if loaders is None:
-        from runtime.residency.loaders import default_loaders
-
         loaders = default_loaders()
-    return loaders if "wake" in loaders else {**loaders, "wake": WakeLoader()}
+    return dict(loaders) if WAKE in loaders else {**loaders, WAKE: WakeLoader()}
 
 
 @dataclass(frozen=True)
@@ -200,7 +207,7 @@ class VoicePlan:
                             "own_bytes": r.own, "runtime": dict(r.shared)} for r in self.rows]}
 
 
-def plan_voice(models: VoiceModels, budget: int, loaders: Mapping[str, Any] | None = None) -> VoicePlan:
+def plan_voice(models: VoiceModels, budget: int, loaders: Mapping[str, Loader] | None = None) -> VoicePlan:
     """Plan every model (nothing is loaded). A model that cannot be planned even alone raises its planner's error
     (DoesNotFit names it); whether the sum fits is :attr:`VoicePlan.fits`."""
     loaders = voice_loaders(loaders)
@@ -221,7 +228,7 @@ def plan_voice(models: VoiceModels, budget: int, loaders: Mapping[str, Any] | No
     return VoicePlan(budget, rows, libraries)
 
 
-def open_residency(plan: VoicePlan, loaders: Mapping[str, Any] | None = None) -> ResidencyManager:
+def open_residency(plan: VoicePlan, loaders: Mapping[str, Loader] | None = None) -> ResidencyManager:
     """The residency manager holding ``plan``'s models, pinned (loaded on first acquire); DoesNotFit (naming the
     model to shrink) when the plan does not fit."""
     if not plan.fits:

@@ -9,22 +9,15 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import threading
 from collections.abc import Callable
 from typing import Any
 
 from apps.voice.types import SUMMARY_MARKS, Mark, TurnEvent
+from runtime.metrics import PercentileMethod, percentile
 
 log = logging.getLogger("edgerun.voice.turn")
-
-
-def percentile(values: list[float], q: float) -> float:
-    """The ``q``-th percentile (0-100) by the nearest-rank method: a value that occurred."""
-    if not values:
-        raise ValueError("no values")
-    ordered = sorted(values)
-    return ordered[max(0, math.ceil(q / 100 * len(ordered)) - 1)]
+NEAREST = PercentileMethod.NEAREST_RANK  # a session's p50/p95 is a latency some turn had, not an interpolation
 
 
 class Timeline:
@@ -88,7 +81,8 @@ class SessionTiming:
     def summary(self) -> dict[str, dict[str, float]]:
         """``{mark: {"n", "p50_ms", "p95_ms"}}`` for each summarized mark some turn reached."""
         with self._lock:
-            return {name: {"n": len(v), "p50_ms": round(percentile(v, 50), 1), "p95_ms": round(percentile(v, 95), 1)}
+            return {name: {"n": len(v), "p50_ms": round(percentile(v, 50, method=NEAREST), 1),
+                           "p95_ms": round(percentile(v, 95, method=NEAREST), 1)}
                     for name, v in self._latencies.items() if v}
 
     def summary_lines(self) -> list[str]:

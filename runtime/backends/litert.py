@@ -31,7 +31,7 @@ import numpy as np
 
 from devices.backends import BACKENDS, BackendName
 from runtime.backends.base import ClassifierBackend, Offload, Placed, TensorInfo, bounded_shape
-from runtime.errors import BackendError, BadInput, MissingDependency, one_line
+from runtime.errors import BackendError, BadInput, not_installed, one_line
 from runtime.formats.model_files import check_tflite
 
 log = logging.getLogger(__name__)
@@ -52,7 +52,7 @@ def _interpreter_module():
     try:
         from tflite_runtime import interpreter  # type: ignore[import-not-found]
     except ModuleNotFoundError:
-        raise MissingDependency(f"the LiteRT backend needs 'ai_edge_litert'; install it with: {INSTALL}") from None
+        raise not_installed("ai_edge_litert", INSTALL, purpose="the LiteRT backend") from None
     log.warning("using tflite_runtime: it rejects INT4/dynamic-range models and its INT8 path is ~20x slower; %s", INSTALL)
     return interpreter
 

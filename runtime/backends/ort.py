@@ -21,7 +21,7 @@ from typing import Any
 from devices.backends import BACKENDS, BackendName
 from runtime.backends.base import DYNAMIC, ClassifierBackend, CpuFeatures, Offload, Placed, TensorInfo, bounded_shape
 from runtime.backends.ort_shapes import check_declared_shapes
-from runtime.errors import BadInput, MissingDependency, one_line
+from runtime.errors import BadInput, not_installed, one_line
 from runtime.formats.model_files import check_onnx
 
 log = logging.getLogger(__name__)
@@ -39,7 +39,7 @@ def _ort():
     try:
         import onnxruntime
     except ModuleNotFoundError:
-        raise MissingDependency(f"the ONNX Runtime backend needs 'onnxruntime'; install it with: {INSTALL}") from None
+        raise not_installed("onnxruntime", INSTALL, purpose="the ONNX Runtime backend") from None
     return onnxruntime
 
 

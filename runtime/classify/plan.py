@@ -63,6 +63,16 @@ class ClassifierPlan:
     def fits(self) -> bool:
         return self.total_bytes + self.resident_bytes + self.reserve_bytes <= self.budget_bytes
 
+    def libraries(self) -> dict[str, int]:
+        """The runtime term by library (what the residency manager counts once per process): the backend's, plus
+        ONNX Runtime's for an audio front end when the classifier runs elsewhere. Libraries of 0 bytes are left out."""
+        backend = BackendName(self.backend)
+        parts = {backend.value: RUNTIME_BYTES[backend]}
+        rest = self.runtime_bytes - RUNTIME_BYTES[backend]
+        if rest > 0:
+            parts[BackendName.ORT.value] = rest
+        return {lib: size for lib, size in parts.items() if size > 0}
+
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data.update(total_bytes=self.total_bytes, reserve_bytes=self.reserve_bytes, fits=self.fits)

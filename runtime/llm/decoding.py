@@ -141,7 +141,8 @@ class Decoding:
         self.truncations = list(truncations)
         self.tokens = fit_prompt(tokens, n_ctx, params.max_tokens, self.n_keep, truncate=truncate,
                                  truncations=self.truncations)
-        self.n_prompt = len(self.tokens)  # the prompt as fitted
+        self.prompt = tuple(self.tokens)  # the prompt as fitted (self.tokens grows with the answer)
+        self.n_prompt = len(self.prompt)
         self.speculator = speculator
         self.spec = SpecStats(drafter=speculator.drafter.name if speculator else "", enabled=speculator is not None)
         self.sampler: Any = None  # made by the driver from self.params, kept through preemption

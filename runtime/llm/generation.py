@@ -36,6 +36,11 @@ class Generation:
         return self.seq.params
 
     @property
+    def prompt(self) -> list[int]:
+        """The prompt's tokens as fitted into the context (what the model reads, control tokens included)."""
+        return list(self.seq.prompt)
+
+    @property
     def truncations(self) -> list[Truncation]:
         return self.seq.truncations
 

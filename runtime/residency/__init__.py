@@ -1,2 +1,3 @@
-"""Which models are loaded under one memory plan, and the loader of each model kind.
+"""Which models are loaded under one memory plan (manager), what is asked for (spec: ModelSpec, ResidentKind), and
+the loader of each model kind (loaders: one table, LOADERS).
 """

@@ -57,46 +57,21 @@ import math
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any, Protocol
+from typing import Any
 
 from runtime.bundle.store import check_ref
 from runtime.errors import BadInput, DoesNotFit, EdgerunError, one_line
 from runtime.llm.plan import RESERVE_FRACTION
+from runtime.residency.spec import DEFAULT_KEEP_ALIVE_S, Loader, ModelSpec, ResidentKind
 from runtime.units import fmt_bytes
 
 log = logging.getLogger(__name__)
 
-DEFAULT_KEEP_ALIVE_S = 300.0  # Ollama's default keep_alive: 5 minutes
-
-
-@dataclass(frozen=True)
-class ModelSpec:
-    """A model the manager may load. ``name``: the public name callers acquire (a valid store name);
-    ``ref``: what :func:`runtime.bundle.resolve.resolve` takes (installed name[@version], bundle dir, .gguf);
-    ``kind``: a loader's key ("llm", "vision", "audio"); ``keep_alive_s``: seconds idle before
-    :meth:`ResidencyManager.sweep` unloads it (None: never; 0: at once); ``options``: the loader's (llm: ctx
-    per slot, slots, max_queued, threads, target, kv_type, prefix_cache_bytes; vision: batch, threads, target;
-    audio: threads, target; see :mod:`runtime.residency.loaders`)."""
-
-    name: str
-    ref: str
-    kind: str
-    pinned: bool = False
-    keep_alive_s: float | None = DEFAULT_KEEP_ALIVE_S
-    options: Mapping[str, Any] = field(default_factory=dict)
-
-
-class Loader(Protocol):
-    """Plans and loads one kind of model. ``plan_bytes``: the model's plan total in bytes within ``budget``
-    (DoesNotFit/BadInput when it cannot be planned); ``load``: the loaded object (it has ``close()``),
-    given ``budget`` = the planned bytes plus that share's reserve. Optionally ``shared_bytes(spec)``:
-    the parts of the plan that are process-wide libraries, ``{library: bytes}``, counted once."""
-
-    def plan_bytes(self, spec: ModelSpec, budget: int) -> int: ...
-
-    def load(self, spec: ModelSpec, budget: int) -> Any: ...
+# ModelSpec, its kinds and the Loader contract live in runtime.residency.spec, so that the loaders take them from there
+# and never import the manager (which imports the loaders); they are the manager's API all the same.
+__all__ = ["DEFAULT_KEEP_ALIVE_S", "Loader", "ModelSpec", "ResidencyManager", "ResidentKind", "share_for", "summed_bytes"]
 
 
 def share_for(planned: int) -> int:

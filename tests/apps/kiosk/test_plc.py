@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from apps.kiosk.plc import FIXED, REGISTERS, PlcMessage, PlcOut, decode, decode_registers, encode, parse_url, registers
+from apps.kiosk.plc import FIXED, REGISTERS, PlcMessage, decode, decode_registers, encode, parse_url, registers
+from apps.kiosk.plc_links import open_plc
 from apps.kiosk.triggers import TRIGGER_COMMAND, CommandTrigger, ModbusTrigger
 from apps.kiosk.types import Decision, Verdict
 from devices.link.frame import FrameType
@@ -78,7 +79,7 @@ def test_every_decision_acknowledged_and_decoded(tmp_path, line):
     applied = []
     with ReferencePeer(b.url, str(tmp_path / "peer.db"), on_apply=applied.append) as peer:
         peer.start()
-        with PlcOut.open(f"serial://{a.url}?baud=115200", journal=tmp_path / "j.db") as plc:
+        with open_plc(f"serial://{a.url}?baud=115200", journal=tmp_path / "j.db") as plc:
             for i in range(60):
                 plc.send(decision(i))
             assert plc.drain(10), plc.state()
@@ -98,7 +99,7 @@ def test_plc_reboot_delivers_the_backlog_in_order(tmp_path, line):
     store = str(tmp_path / "peer.db")
     peer = PeerProcess(b.url, store).start()
     try:
-        with PlcOut.open(a.url, journal=tmp_path / "j.db") as plc:
+        with open_plc(a.url, journal=tmp_path / "j.db") as plc:
             for i in range(20):
                 plc.send(decision(i))
             assert plc.drain(15), plc.state()
@@ -121,7 +122,7 @@ def test_cable_pulled_while_deciding(tmp_path, line):
     cable, a, b = line
     with ReferencePeer(b.url, str(tmp_path / "peer.db")) as peer:
         peer.start()
-        with PlcOut.open(a.url, journal=tmp_path / "j.db") as plc:
+        with open_plc(a.url, journal=tmp_path / "j.db") as plc:
             assert plc.link.wait_connected(5)
             puller = threading.Thread(target=cable.pull, args=(a, 0.5))
             puller.start()
@@ -140,19 +141,19 @@ def test_kiosk_restart_resends_unacknowledged_in_order(tmp_path, line):
     journal, store = tmp_path / "j.db", str(tmp_path / "peer.db")
     with ReferencePeer(b.url, store) as peer:
         peer.start()
-        with PlcOut.open(a.url, journal=journal) as plc:
+        with open_plc(a.url, journal=journal) as plc:
             for i in range(5):
                 plc.send(decision(i))
             assert plc.drain(10)
         peer.stop()  # the PLC stops answering; the kiosk decides 5 more and is shut down
-        with PlcOut.open(a.url, journal=journal) as plc:
+        with open_plc(a.url, journal=journal) as plc:
             for i in range(5, 10):
                 plc.send(decision(i))
             time.sleep(0.3)
             assert plc.state().backlog == 5
     with ReferencePeer(b.url, store) as peer:
         peer.start()
-        with PlcOut.open(a.url, journal=journal) as plc:  # the restarted kiosk resends them first
+        with open_plc(a.url, journal=journal) as plc:  # the restarted kiosk resends them first
             assert plc.state().backlog == 5
             for i in range(10, 13):
                 plc.send(decision(i))
@@ -164,9 +165,9 @@ def test_kiosk_restart_resends_unacknowledged_in_order(tmp_path, line):
 
 KIOSK = """
 import sys
-from apps.kiosk.plc import PlcOut
+from apps.kiosk.plc_links import open_plc
 from tests.apps.kiosk.test_plc import decision
-with PlcOut.open(sys.argv[1], journal=sys.argv[2]) as plc:
+with open_plc(sys.argv[1], journal=sys.argv[2]) as plc:
     for i in range(10**6):
         plc.send(decision(i))
         print(i, flush=True)  # send() returned: the decision is on disk
@@ -183,7 +184,7 @@ def test_kiosk_killed_mid_stream_loses_nothing(tmp_path, line):
         returned = [int(kiosk.stdout.readline()) for _ in range(200)]
         kiosk.send_signal(signal.SIGKILL)  # mid-stream: decisions in flight, some acknowledged, some not
         kiosk.wait(5)
-        with PlcOut.open(a.url, journal=journal) as plc:  # the restarted kiosk
+        with open_plc(a.url, journal=journal) as plc:  # the restarted kiosk
             assert plc.drain(15), plc.state()
         peer.stop()
     got = peer_got(store)
@@ -195,7 +196,7 @@ def test_modbus_decisions_written_and_kept_across_a_plc_reboot(tmp_path, line):
     _, a, b = line
     url = f"modbus://{a.url}?unit=3&register=2&baud=115200"
     with PlcSimulator(b.url + "?baud=115200", parse_modbus_map(url)) as sim:
-        with PlcOut.open(url, journal=tmp_path / "j.db", classes=CLASSES, timeout_s=0.1) as plc:
+        with open_plc(url, journal=tmp_path / "j.db", classes=CLASSES, timeout_s=0.1) as plc:
             assert wait_for(lambda: plc.state().connected)  # the port is open before the first decision
             for i in range(6):
                 plc.send(decision(i))
@@ -219,7 +220,7 @@ def test_triggers_share_the_frame_link_with_the_decisions(tmp_path, line):
     trigger = CommandTrigger()
     with ReferencePeer(b.url, str(tmp_path / "peer.db"), command_timeout_s=0.05) as peer:
         peer.start()
-        with PlcOut.open(a.url, journal=tmp_path / "j.db", on_command=trigger.on_command) as plc:
+        with open_plc(a.url, journal=tmp_path / "j.db", on_command=trigger.on_command) as plc:
             for i in range(5):
                 peer.send_command(TRIGGER_COMMAND)  # a part at the station
                 assert trigger.wait(5)
@@ -233,7 +234,7 @@ def test_triggers_share_the_frame_link_with_the_decisions(tmp_path, line):
 def test_modbus_trigger_reads_through_the_outputs_port(tmp_path, line):
     _, a, b = line
     url = f"modbus://{a.url}?unit=1"
-    with PlcSimulator(b.url, parse_modbus_map(url)) as sim, PlcOut.open(url, journal=tmp_path / "j.db") as plc:
+    with PlcSimulator(b.url, parse_modbus_map(url)) as sim, open_plc(url, journal=tmp_path / "j.db") as plc:
         trigger = ModbusTrigger(plc.link, lock=plc.lock)
         for i in range(5):
             sim.trigger = True
@@ -247,7 +248,7 @@ def test_modbus_trigger_reads_through_the_outputs_port(tmp_path, line):
 
 def test_modbus_has_no_commands(tmp_path):
     with pytest.raises(BadInput, match="carries no commands"):
-        PlcOut.open("modbus:///dev/ttyUSB0", journal=tmp_path / "j.db", on_command=print)
+        open_plc("modbus:///dev/ttyUSB0", journal=tmp_path / "j.db", on_command=print)
 
 
 def wait_for(condition, timeout_s: float = 5.0) -> bool:
@@ -307,11 +308,11 @@ def test_decode_refuses_what_is_not_a_message(payload, message):
 )
 def test_bad_url_is_one_line(tmp_path, url, message):
     with pytest.raises(BadInput, match=message) as info:
-        PlcOut.open(url, journal=tmp_path / "j.db")
+        open_plc(url, journal=tmp_path / "j.db")
     assert "\n" not in str(info.value)
 
 
 def test_a_journal_folder_that_cannot_be_made_is_one_line(tmp_path):
     (tmp_path / "file").write_text("a file where the kiosk's folder should be")
     with pytest.raises(BadInput, match="cannot create the PLC journal's folder"):
-        PlcOut.open("/dev/ttyUSB0", journal=tmp_path / "file" / "kiosk" / "plc.db")
+        open_plc("/dev/ttyUSB0", journal=tmp_path / "file" / "kiosk" / "plc.db")
