@@ -7,7 +7,9 @@ nothing else (no traceback) reaches the terminal for these.
 
 from __future__ import annotations
 
+import importlib
 import re
+from types import ModuleType
 
 
 class EdgerunError(Exception):
@@ -86,6 +88,21 @@ def not_installed(module: str, pip_line: str, *, purpose: str = "", cause: str |
 def missing(module: str, extra: str) -> MissingDependency:
     """The error for an optional package that edgerun's extra ``extra`` installs (``pip install 'edgerun[extra]'``)."""
     return not_installed(module, f"pip install 'edgerun[{extra}]'")
+
+
+def require(module: str, pip_line: str, *, purpose: str = "") -> ModuleType:
+    """Import ``module`` (dotted names too), or raise MissingDependency naming it and ``pip_line``
+    (:func:`not_installed`'s wording).
+
+    ``purpose`` says what needs it ("the ONNX route"); the message names the package that is
+    actually missing when it is one that ``module`` itself imports.
+    """
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        top = module.partition(".")[0]
+        cause = exc.name if exc.name and exc.name.partition(".")[0] != top else None
+        raise not_installed(module, pip_line, purpose=purpose, cause=cause) from None
 
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")

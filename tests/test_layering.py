@@ -285,3 +285,23 @@ def test_private_names_of_another_package_are_caught(tmp_path: Path) -> None:
         "converters/audio/pipeline.py:9 imports runtime.classifier._check_quant",
         "runtime/backends/ort.py:1 imports runtime.classifier._check_quant",
     ]
+
+
+def test_the_backends_read_the_runtime_only_through_small_types() -> None:
+    # A backend is one file that wraps one native library: of the rest of runtime/ it takes errors, units, the
+    # checks a file passes before native code opens it (files, formats) and the sampling parameters it applies.
+    # What it is told to build (a ContextPlan, a Placed) it reads structurally, so the planner and the placement
+    # can change without the backends importing them.
+    allowed = ("runtime.backends", "runtime.errors", "runtime.units", "runtime.files", "runtime.formats",
+               "runtime.llm.sampling")
+    found = [imp for path in sorted((ROOT / "runtime" / "backends").rglob("*.py")) for imp in imports_of(path, ROOT)
+             if _within(imp.module, "runtime") and not _within(imp.module, *allowed)]
+    assert found == [], _report(found)
+
+
+def test_runtime_is_in_rooms() -> None:
+    # runtime/'s root holds the rooms and the few modules every room shares; a new module goes into its room.
+    root = sorted(p.name for p in (ROOT / "runtime").iterdir() if p.suffix == ".py" or (p / "__init__.py").is_file())
+    shared = [name for name in root if name.endswith(".py") and name != "__init__.py"]
+    assert shared == ["errors.py", "files.py", "metrics.py", "units.py"], shared
+    assert len(root) <= 13, root

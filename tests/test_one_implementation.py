@@ -28,7 +28,7 @@ def test_reserve_fraction_is_defined_once() -> None:
     assert where == ["runtime/llm/plan.py"]
 
 
-def test_optional_imports_go_through_runtime_optional_require() -> None:
+def test_optional_imports_go_through_runtime_errors_require() -> None:
     copies = [p.relative_to(ROOT).as_posix() for p, src in _sources().items() if re.search(r"def _need\(", src)]
     assert copies == []
 
@@ -204,7 +204,7 @@ def _strings(node: ast.AST) -> str:
 
 
 def test_a_missing_package_is_worded_in_one_function() -> None:
-    # runtime.errors.not_installed words it; missing() (an edgerun extra) and runtime.optional.require (any pip
+    # runtime.errors.not_installed words it; missing() (an edgerun extra) and runtime.errors.require (any pip
     # line, with what needs it and which import actually failed) both call it.
     builders = [f"{p.relative_to(ROOT).as_posix()}:{node.name}" for p, src in _sources().items()
                 for node in ast.walk(ast.parse(src)) if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
@@ -214,7 +214,7 @@ def test_a_missing_package_is_worded_in_one_function() -> None:
 
 def test_a_failed_import_is_refused_through_the_one_wording() -> None:
     # A MissingDependency built by hand where an import failed is the second wording coming back: use
-    # runtime.errors.not_installed / missing, or runtime.optional.require.
+    # runtime.errors.not_installed / missing, or runtime.errors.require.
     import_errors = {"ImportError", "ModuleNotFoundError"}
     found = []
     for p, src in _sources().items():

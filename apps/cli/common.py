@@ -68,8 +68,7 @@ def refuse_flags(args: argparse.Namespace, dests: tuple[str, ...], model: Any, r
     """
     given = ["--" + d.replace("_", "-") for d in dests if getattr(args, d, None) is not None]
     if given:
-        kind = model.manifest.kind.value
-        what = "an LLM" if kind == "llm" else f"a {kind} model"
+        what = model.manifest.kind.noun
         verb = "does" if len(given) == 1 else "do"
         raise BadInput(f"{', '.join(given)} {verb} not apply to {model.manifest.ref}, {what}: {reason}")
 

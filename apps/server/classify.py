@@ -26,8 +26,10 @@ from apps.server.outcome import Outcome, log_refused
 from apps.server.request import client_of, deadline_of, priority_of, route_model
 from apps.server.security import ApiKey, BodyTooLarge, read_body
 from apps.server.state import ServerState
+from runtime.bundle.manifest import ModelKind
 from runtime.classify.classifier import DEFAULT_TOP_K
 from runtime.errors import BadInput, EdgerunError, QueueFull
+from runtime.residency.spec import ResidentKind
 from runtime.serving.batcher import DynamicBatcher
 
 WAV_TYPES = ("audio/wav", "audio/x-wav", "audio/wave", "audio/vnd.wave")
@@ -75,12 +77,12 @@ def decode_slots(state: ServerState) -> DecodeSlots:
         return found
 
 
-def body_kind(content_type: str) -> str:
+def body_kind(content_type: str) -> ResidentKind:
     media = content_type.split(";", 1)[0].strip().lower()
     if media.startswith("image/"):
-        return "vision"
+        return ResidentKind.VISION
     if media in WAV_TYPES:
-        return "audio"
+        return ResidentKind.AUDIO
     raise BadInput(f"Content-Type {media[:60] or '(none)'!r} cannot be classified: send an image (image/png, image/jpeg...) "
                    f"or a WAV file ({WAV_TYPES[0]})")
 
@@ -94,17 +96,17 @@ def _top(text: str | None) -> int:
     return int(text)
 
 
-def decode(body: bytes, kind: str, model: Any, max_pixels: int) -> Any:
+def decode(body: bytes, kind: ResidentKind, model: Any, max_pixels: int) -> Any:
     """The body as the model's input: RGB pixels (no more than the model needs; ImageTooLarge past ``max_pixels``)
     or audio at the model's rate, through the same decoders and checks as files on the command line (they read
     files, so the body is written to a private temporary one)."""
     if not body:
         raise BadInput("the request body is empty: send the image or WAV file itself as the body")
     with tempfile.TemporaryDirectory(prefix="edgerun-classify-") as folder:
-        path = Path(folder) / ("body.wav" if kind == "audio" else "body.img")
+        path = Path(folder) / ("body.wav" if kind == ResidentKind.AUDIO else "body.img")
         path.write_bytes(body)
         try:
-            if kind == "audio":
+            if kind == ResidentKind.AUDIO:
                 from runtime.classify.audio_frontend import load_audio
 
                 return load_audio(path, model.spec.sample_rate)
@@ -120,8 +122,8 @@ def decode(body: bytes, kind: str, model: Any, max_pixels: int) -> Any:
             raise BadInput(message) from None
 
 
-def make_batcher(name: str, model: Any, kind: str, limits: Any) -> DynamicBatcher:
-    if kind == "vision":
+def make_batcher(name: str, model: Any, kind: ResidentKind, limits: Any) -> DynamicBatcher:
+    if kind == ResidentKind.VISION:
         def run(items: list[tuple[Any, int]]) -> list[Any]:
             k = max(top for _, top in items)
             predictions = model.predict([image for image, _ in items], k)
@@ -154,8 +156,9 @@ async def classify(request: Request, state: ServerState, key: ApiKey | None) -> 
         body = await read_body(request, limits.max_body_bytes)
         model_kind = state.models.kinds.get(served)
         if model_kind != kind:
-            what = "an image" if kind == "vision" else "a WAV file"
-            raise BadInput(f"model {public!r} is {'an LLM' if model_kind == 'llm' else f'a {model_kind} model'}; "
+            what = "an image" if kind == ResidentKind.VISION else "a WAV file"
+            noun = ModelKind(model_kind).noun if model_kind in ModelKind._value2member_map_ else "not a classifier"
+            raise BadInput(f"model {public!r} is {noun}; "
                            f"it cannot classify {what}")
         with contextlib.ExitStack() as lease:  # a load on demand runs off the event loop
             model = await run_in_threadpool(lease.enter_context, state.models.acquire(served))
@@ -169,5 +172,5 @@ async def classify(request: Request, state: ServerState, key: ApiKey | None) -> 
         raise
     outcome.finish()
     out = {"id": rid, "object": "classification", "model": public}
-    out.update({"labels": result} if kind == "vision" else {k: v for k, v in result.items() if k != "input"})
+    out.update({"labels": result} if kind == ResidentKind.VISION else {k: v for k, v in result.items() if k != "input"})
     return JSONResponse(out)

@@ -57,7 +57,9 @@ from apps.config_fields import table as _table
 from apps.config_fields import typed as _typed
 from runtime.bundle.store import check_ref
 from runtime.errors import BadInput
+from runtime.residency.spec import ResidentKind
 
+SERVED_KINDS = (ResidentKind.LLM, ResidentKind.VISION, ResidentKind.AUDIO)  # what serve.toml can name
 DEFAULT_PORT = 8080
 DEFAULT_HOST = "127.0.0.1"
 
@@ -68,7 +70,7 @@ class ModelEntry:
     ref: str
     pinned: bool = False
     keep_alive: float = 300.0  # seconds; -1: forever
-    kind: str = ""  # "llm", "vision" or "audio"; empty: read from the bundle when it is resolved
+    kind: ResidentKind | None = None  # one of SERVED_KINDS; None: read from the bundle when it is resolved
     options: dict[str, Any] = field(default_factory=dict)  # per-model load options (slots, ctx, threads, batch)
 
 
@@ -132,14 +134,15 @@ def _model(where: str, data: Any) -> ModelEntry:
     ref = _typed(f"{where}.ref", data["ref"], str, "a model reference")
     name = data.get("name", ref)
     check_ref(_typed(f"{where}.name", name, str, "a model name"))
-    kind = data.get("kind", "")
-    if kind not in ("", "llm", "vision", "audio"):
-        raise BadInput(f"{where}.kind {kind!r} is not valid: use llm, vision or audio")
+    kind = data.get("kind")
+    if kind is not None and kind not in SERVED_KINDS:
+        raise BadInput(f"{where}.kind {kind!r} is not valid: use {', '.join(SERVED_KINDS[:-1])} or {SERVED_KINDS[-1]}")
     keep = _number(f"{where}.keep_alive", data.get("keep_alive", 300), -1, 10**9)
     options = _table(f"{where}.options", data.get("options", {}), ("slots", "ctx", "threads", "batch"))
     for key, value in options.items():
         _int(f"{where}.options.{key}", value, 1, 1 << 20)
-    return ModelEntry(name, ref, _typed(f"{where}.pinned", data.get("pinned", False), bool, "true or false"), keep, kind,
+    return ModelEntry(name, ref, _typed(f"{where}.pinned", data.get("pinned", False), bool, "true or false"), keep,
+                      None if kind is None else ResidentKind(kind),
                       dict(options))
 
 

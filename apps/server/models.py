@@ -14,9 +14,11 @@ from apps.server.config import ModelEntry, ServeConfig
 from apps.server.openai_api import NotReady
 from runtime.errors import BadInput
 from runtime.residency.manager import ModelSpec, ResidencyManager
+from runtime.residency.spec import ResidentKind
 
 log = logging.getLogger(__name__)
-OPTIONS = {"llm": ("slots", "ctx", "threads"), "vision": ("batch", "threads"), "audio": ("threads",)}  # serve.toml's
+OPTIONS = {ResidentKind.LLM: ("slots", "ctx", "threads"), ResidentKind.VISION: ("batch", "threads"),
+           ResidentKind.AUDIO: ("threads",)}  # serve.toml's
 LEASE_WAIT_S = 30.0  # how long a request waits for leased models in its way to be released before DoesNotFit
 
 
@@ -24,28 +26,28 @@ class Unavailable(NotReady):
     """A configured model that cannot be served (HTTP 503)."""
 
 
-def kind_of(entry: ModelEntry) -> str:
-    """The entry's kind ("llm", "vision", "audio"): as configured, else read from its bundle (resolving it builds a
+def kind_of(entry: ModelEntry) -> ResidentKind:
+    """The entry's kind (one of apps.server.config.SERVED_KINDS): as configured, else read from its bundle (resolving it builds a
     recipe on first use and installs a .edgerun file)."""
     if entry.kind:
         return entry.kind
     from runtime.bundle.resolve import resolve
 
-    return resolve(entry.ref).manifest.kind.value
+    return ResidentKind(resolve(entry.ref).manifest.kind.value)
 
 
-def spec_of(entry: ModelEntry, kind: str, slots: int, max_queued: int, speculate: bool = True,
+def spec_of(entry: ModelEntry, kind: ResidentKind, slots: int, max_queued: int, speculate: bool = True,
             decode_bytes: int = 0) -> ModelSpec:
     """``decode_bytes``: what the server's classify decode slots hold at most, planned with its vision models."""
     bad = sorted(set(entry.options) - set(OPTIONS[kind]))
     if bad:
         raise BadInput(f"model {entry.name!r} ({kind}): option {bad[0]!r} does not apply (valid: {', '.join(OPTIONS[kind])})")
     options = dict(entry.options)
-    if kind == "llm":
+    if kind == ResidentKind.LLM:
         options.setdefault("slots", slots)
         options["max_queued"] = max_queued
         options["speculate"] = speculate
-    if kind == "vision" and decode_bytes:
+    if kind == ResidentKind.VISION and decode_bytes:
         options["decode_bytes"] = decode_bytes
     keep = None if entry.keep_alive < 0 else entry.keep_alive
     return ModelSpec(entry.name, entry.ref, kind, pinned=entry.pinned, keep_alive_s=keep, options=options)
@@ -57,7 +59,7 @@ class Models:
 
         self.config = config
         self.manager = manager if manager is not None else ResidencyManager(config.memory or default_budget())
-        self.kinds: dict[str, str] = {}
+        self.kinds: dict[str, ResidentKind] = {}
         self.unavailable: dict[str, str] = {}  # name -> why it could not be planned (a rolled-back canary)
 
     def add(self, entry: ModelEntry) -> None:

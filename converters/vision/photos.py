@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from runtime.optional import require
+from runtime.errors import require
 
 
 @dataclass(frozen=True)

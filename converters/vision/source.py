@@ -19,8 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from runtime.bundle.manifest import name_from
-from runtime.errors import BadInput
-from runtime.optional import require
+from runtime.errors import BadInput, require
 
 log = logging.getLogger(__name__)
 KERAS_SUFFIXES = (".h5", ".keras")

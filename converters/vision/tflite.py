@@ -21,8 +21,7 @@ from typing import Any
 import numpy as np
 
 from converters.vision.recipes import QuantScheme
-from runtime.errors import BadInput
-from runtime.optional import require
+from runtime.errors import BadInput, require
 
 log = logging.getLogger(__name__)
 

@@ -12,8 +12,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from runtime.errors import BadInput
-from runtime.optional import require
+from runtime.errors import BadInput, require
 
 IMAGENET_MEAN = (0.485 * 255, 0.456 * 255, 0.406 * 255)  # torchvision convention, in pixel units
 IMAGENET_STD = (0.229 * 255, 0.224 * 255, 0.225 * 255)

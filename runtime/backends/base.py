@@ -51,6 +51,24 @@ class Placed(Protocol):
     def cpu(self) -> CpuFeatures: ...
 
 
+class ContextPlan(Protocol):
+    """The llama.cpp context a backend is told to make: runtime.llm.plan.MemoryPlan, read structurally (the
+    backends do not import the planner)."""
+
+    @property
+    def n_ctx(self) -> int: ...  # KV cells in all
+    @property
+    def n_batch(self) -> int: ...  # tokens per llama_decode call
+    @property
+    def n_ubatch(self) -> int: ...  # tokens per compute graph
+    @property
+    def kv_type(self) -> str: ...  # "f16", "q8_0", ...
+    @property
+    def n_slots(self) -> int: ...  # sequences decoded together
+    @property
+    def slot_ctx(self) -> int: ...  # cells per sequence
+
+
 @dataclass(frozen=True)
 class Offload:
     """What the loaded backend actually put where, in the backend's own unit, as the backend itself reports it.

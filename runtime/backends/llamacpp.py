@@ -27,9 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from devices.backends import BackendName
-from runtime.backends.base import LLMBackend, Offload, Placed, SpecialToken
+from runtime.backends.base import ContextPlan, LLMBackend, Offload, Placed, SpecialToken
 from runtime.errors import BackendError, missing
-from runtime.llm.plan import MemoryPlan
 from runtime.llm.sampling import SamplingParams
 
 try:
@@ -142,7 +141,7 @@ class LlamaCppBackend(LLMBackend):
     name = BackendName.LLAMACPP.value
     can_speculate = True
 
-    def __init__(self, path: Path, plan: MemoryPlan, placement: Placed, *, native_log: bool = False) -> None:
+    def __init__(self, path: Path, plan: ContextPlan, placement: Placed, *, native_log: bool = False) -> None:
         """The GGUF at ``path`` with ``plan``'s context and KV cache, on ``placement``'s threads and GPU layers."""
         threads, gpu_layers = placement.threads, placement.gpu_layers
         try:

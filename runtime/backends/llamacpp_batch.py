@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from devices.backends import BackendName
-from runtime.backends.base import Offload, Placed, SpecialToken
+from runtime.backends.base import ContextPlan, Offload, Placed, SpecialToken
 from runtime.backends.llamacpp import (
     LlamaCppBackend,
     _layer_devices,
@@ -28,7 +28,6 @@ from runtime.backends.llamacpp import (
     tail_kept,
 )
 from runtime.errors import BackendError, missing, one_line
-from runtime.llm.plan import MemoryPlan
 
 try:
     import llama_cpp
@@ -72,7 +71,7 @@ class LlamaCppBatch:
     is_eog = LlamaCppBackend.is_eog
     special_tokens = LlamaCppBackend.special_tokens
 
-    def __init__(self, path: Path, plan: MemoryPlan, placement: Placed, *, native_log: bool = False) -> None:
+    def __init__(self, path: Path, plan: ContextPlan, placement: Placed, *, native_log: bool = False) -> None:
         """The GGUF at ``path`` with ``plan``'s slots, context and KV cache, on ``placement``'s threads and layers."""
         threads, gpu_layers = placement.threads, placement.gpu_layers
         self._model: Any = None

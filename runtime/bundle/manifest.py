@@ -63,6 +63,11 @@ class ModelKind(str, enum.Enum):
     AUDIO = "audio"
     ANOMALY = "anomaly"  # a PatchCore-style detector: a feature backbone (vision section) and a memory bank
 
+    @property
+    def noun(self) -> str:
+        """The kind in a sentence: "an LLM", "a vision model"."""
+        return "an LLM" if self is ModelKind.LLM else f"a {self.value} model"
+
 
 def check_name(name: str) -> str:
     if not isinstance(name, str) or not NAME_RE.fullmatch(name):

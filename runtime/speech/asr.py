@@ -40,9 +40,8 @@ from typing import Any
 
 import numpy as np
 
-from runtime import heap
-from runtime.errors import BackendError, BadInput, one_line
-from runtime.optional import require
+from runtime.errors import BackendError, BadInput, one_line, require
+from runtime.speech import heap
 from runtime.speech.models import SpeechFiles, SpeechPlan, check_samples, resolve_speech
 
 log = logging.getLogger(__name__)
@@ -56,7 +55,7 @@ INSTALL = "pip install 'edgerun[voice]'  (faster-whisper)"
 # voice assistant's process (interpreter, numpy and edgerun are the LLM's runtime term): importing faster_whisper
 # (CTranslate2, tokenizers, PyAV) adds 25.3 MiB (RUNTIME_BYTES, the "ctranslate2" term); loading adds 68 MiB, under the
 # float16 model.bin's 72 (WEIGHTS_FACTOR); a decode, a full 30 s window included, peaks 121-128 MiB above that (the
-# encoder over 3000 mel frames) and, the heap trimmed after it (runtime.heap), keeps under 1 MiB of it: WORKING_BYTES.
+# encoder over 3000 mel frames) and, the heap trimmed after it (runtime.speech.heap), keeps under 1 MiB of it: WORKING_BYTES.
 # Untrimmed, the freed buffers stayed in glibc's heaps, 64-112 MiB of them depending on which threads had freed what.
 # All told: 195 MiB measured at most over 8 runs, against 208 planned.
 RUNTIME_BYTES = 26 << 20
@@ -164,7 +163,7 @@ class ASR:
                 initial_prompt=prompt)
             parts = list(segments)  # the decode runs as the generator is consumed
         elapsed = time.perf_counter() - t0
-        heap.trim()  # the encoder's freed buffers go back to the system (runtime.heap), outside the model's lock
+        heap.trim()  # the encoder's freed buffers go back to the system (runtime.speech.heap), outside the model's lock
         text = " ".join(s.text.strip() for s in parts if s.text.strip())
         return Transcript(text, seconds, elapsed, max((s.no_speech_prob for s in parts), default=1.0))
 

@@ -226,9 +226,8 @@ def ort_session(path: Path, placement: object, what: str) -> object:
     import logging
 
     from runtime.backends.ort import CPU_PROVIDER, INSTALL, ORT_ERRORS_ONLY, ORT_FATAL_ONLY, SPIN_KEYS
-    from runtime.errors import one_line
+    from runtime.errors import one_line, require
     from runtime.formats.model_files import check_onnx
-    from runtime.optional import require
 
     check_onnx(path)  # before the native parser sees the file
     ort = require("onnxruntime", INSTALL, purpose="the speech models")

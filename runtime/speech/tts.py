@@ -30,9 +30,8 @@ from typing import Any
 
 import numpy as np
 
-from runtime import heap
-from runtime.errors import BackendError, BadInput, MissingDependency, one_line
-from runtime.optional import require
+from runtime.errors import BackendError, BadInput, MissingDependency, one_line, require
+from runtime.speech import heap
 from runtime.speech.models import SpeechFiles, SpeechPlan, ort_session, resolve_speech
 
 log = logging.getLogger(__name__)
@@ -51,7 +50,7 @@ ESPEAK_TIMEOUT_S = 30.0
 # in the voice assistant's process with ONNX Runtime started (its term: runtime.speech.models.ORT_RUNTIME_BYTES): the
 # session adds 126 MiB, twice the file (the initializers ORT copies, and the checker's parse; WEIGHTS_FACTOR); piper's
 # phonemizer and rounds of synthesis up to a MAX_PIECE_CHARS piece peak 107-110 MiB above that and, ORT's arena shrunk
-# (_ShrinkingSession) and the heap trimmed (runtime.heap) after each sentence, keep 2 MiB (WORKING_BYTES: 112 at most
+# (_ShrinkingSession) and the heap trimmed (runtime.speech.heap) after each sentence, keep 2 MiB (WORKING_BYTES: 112 at most
 # over 8 runs; untrimmed, glibc's arenas kept 16-84 MiB more, which threads had freed what deciding how much).
 WEIGHTS_FACTOR, WORKING_BYTES = 2.1, 124 << 20
 
@@ -114,7 +113,7 @@ class _ShrinkingSession:
 
     ORT's CPU arena grows in regions that double in size and keeps them, so what a voice holds after speaking depended
     on the history of its sentences: settled at 89 MiB in most runs of the same sentences, 187 MiB in others (one more
-    region). Shrunk after each run (and the C heap trimmed after each sentence: runtime.heap) it keeps ~2 MiB and peaks
+    region). Shrunk after each run (and the C heap trimmed after each sentence: runtime.speech.heap) it keeps ~2 MiB and peaks
     107-110 MiB above that during a MAX_PIECE_CHARS piece, every time: a bound the plan can count (WORKING_BYTES), for
     ~10 % more synthesis time."""
 

@@ -1,4 +1,4 @@
-"""runtime.heap: the free memory that a worker thread's glibc arena keeps goes back to the system."""
+"""runtime.speech.heap: the free memory that a worker thread's glibc arena keeps goes back to the system."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import threading
 import numpy as np
 import pytest
 
-from runtime import heap
+from runtime.speech import heap
 
 MiB = 1 << 20
 

@@ -88,7 +88,7 @@ def test_the_plan_bounds_the_assistants_measured_peak_closely(tmp_path: Path, sm
     peak, planned = measured["peak"], plan["total_bytes"]
     # An upper bound (the refusal to start is honest), and a close one: the plan counts every model's working memory
     # at once where the peak overlaps two (a Whisper decode and a Piper sentence); with the C heap trimmed after each
-    # (runtime.heap) plan / peak measured 1.09-1.13 over runs (1.14-1.21 before, when the plan had to cover the most
+    # (runtime.speech.heap) plan / peak measured 1.09-1.13 over runs (1.14-1.21 before, when the plan had to cover the most
     # glibc's arenas were ever seen to keep), so 10 % is the aim and 20 % the bound asserted here.
     rows = {name: {k: round(v / MiB, 1) for k, v in row.items()} for name, row in measured["rows"].items()}
     assert peak <= planned <= 1.20 * peak, (peak / MiB, planned / MiB, rows)

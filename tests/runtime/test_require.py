@@ -1,4 +1,4 @@
-"""runtime.optional.require: one helper for every optional import."""
+"""runtime.errors.require: one helper for every optional import."""
 
 from __future__ import annotations
 
@@ -6,8 +6,7 @@ import sys
 
 import pytest
 
-from runtime.errors import MissingDependency
-from runtime.optional import require
+from runtime.errors import MissingDependency, require
 
 
 def test_require_returns_the_module() -> None:
