@@ -56,9 +56,45 @@ def add_sampling_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--min-p", type=sampling_value("min_p"), metavar="P", help="LLM: drop tokens below P x the likeliest, in [0, 1)")
     parser.add_argument("--repeat-penalty", type=sampling_value("repeat_penalty"), metavar="X", help="LLM: > 0, 1 disables")
     parser.add_argument("--stop", action="append", type=utf8_text, metavar="TEXT", help="LLM: stop before this text (repeatable)")
+    shape = parser.add_mutually_exclusive_group()
+    shape.add_argument("--json-schema", metavar="FILE",
+                       help="LLM: the answer is JSON valid against this JSON Schema (decoding is constrained to it)")
+    shape.add_argument("--grammar", metavar="FILE", help="LLM: the answer follows this GBNF grammar (llama.cpp's format)")
 
 
-SAMPLING_FLAGS = ("max_tokens", "seed", "temperature", "top_k", "top_p", "min_p", "repeat_penalty", "stop")
+SAMPLING_FLAGS = ("max_tokens", "seed", "temperature", "top_k", "top_p", "min_p", "repeat_penalty", "stop", "json_schema",
+                  "grammar")
+MAX_SHAPE_FILE_BYTES = 256 * 1024  # a --json-schema or --grammar file (the grammar it makes is bounded again)
+
+
+def _shape_text(path: str, flag: str) -> str:
+    from runtime.files import open_regular
+
+    with open_regular(path, f"{flag} file") as fh:
+        data = fh.read(MAX_SHAPE_FILE_BYTES + 1)
+    if len(data) > MAX_SHAPE_FILE_BYTES:
+        raise BadInput(f"{flag} {path}: over {MAX_SHAPE_FILE_BYTES} bytes; a schema or grammar is a small text file")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise BadInput(f"{flag} {path}: not UTF-8 text") from None
+
+
+def grammar_flag(args: argparse.Namespace):
+    """The grammar ``--json-schema FILE`` or ``--grammar FILE`` asks for, or None."""
+    if getattr(args, "json_schema", None) is not None:
+        from runtime.llm.json_schema import schema_grammar
+
+        try:
+            schema = json.loads(_shape_text(args.json_schema, "--json-schema"))
+        except (ValueError, RecursionError) as exc:
+            raise BadInput(f"--json-schema {args.json_schema}: not JSON ({str(exc)[:120]})") from None
+        return schema_grammar(schema, f"--json-schema {args.json_schema}")
+    if getattr(args, "grammar", None) is not None:
+        from runtime.llm.grammar import gbnf
+
+        return gbnf(_shape_text(args.grammar, "--grammar"), f"--grammar {args.grammar}")
+    return None
 
 
 def refuse_flags(args: argparse.Namespace, dests: tuple[str, ...], model: Any, reason: str) -> None:
@@ -95,7 +131,8 @@ def load(args: argparse.Namespace, model: Any = None):
 
 
 def sampling(llm, args: argparse.Namespace):
-    return llm.params(
+    """The sampling flags as ``llm``'s params, a --json-schema or --grammar compiled (refused before any output)."""
+    return llm.check_params(llm.params(
         max_tokens=args.max_tokens,
         seed=args.seed,
         temperature=args.temperature,
@@ -104,7 +141,8 @@ def sampling(llm, args: argparse.Namespace):
         min_p=args.min_p,
         repeat_penalty=args.repeat_penalty,
         stop=tuple(args.stop) if args.stop else None,
-    )
+        grammar=grammar_flag(args),
+    ))
 
 
 def print_json(data: Any) -> None:

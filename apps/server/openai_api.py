@@ -2,14 +2,17 @@
 
 Checks name the JSON field and what is valid, as OpenAI's own 400s do. Fields OpenAI clients send that change
 nothing here (``user``, ``logit_bias`` of ``{}``, unknown ones...) are ignored; fields that would change the answer
-in a way this server cannot honour (``n`` > 1, ``logprobs``, tools, ``logit_bias``, a JSON ``response_format``) are
-refused rather than silently dropped. ``max_completion_tokens`` (newer clients) is ``max_tokens``.
+in a way this server cannot honour (``n`` > 1, ``logprobs``, tools, ``logit_bias``) are refused rather than silently
+dropped. ``response_format`` (``json_object``, ``json_schema``) and edgerun's own ``grammar`` (GBNF) constrain decoding
+(runtime/llm/grammar.py): the answer is valid by construction, not checked afterwards. ``max_completion_tokens``
+(newer clients) is ``max_tokens``.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import re
 import secrets
 import time
 from dataclasses import dataclass, field
@@ -21,6 +24,8 @@ from apps.server.security import BodyTooLarge, Forbidden, Unauthorized
 from runtime.errors import BadInput, Cancelled, DeadlineExceeded, DoesNotFit, EdgerunError, QueueFull, one_line
 from runtime.llm.chat import MAX_CHAT_CHARS, MAX_MESSAGES, ROLES
 from runtime.llm.decoding import Result, Truncation
+from runtime.llm.grammar import JSON_OBJECT, Grammar, gbnf
+from runtime.llm.json_schema import schema_grammar
 from runtime.llm.sampling import check
 from runtime.serving.safety import Blocked
 
@@ -34,8 +39,8 @@ REFUSED = {  # field -> (values that are fine besides null, why another is refus
     "tools": (([],), "tools are not supported"),
     "functions": (([],), "functions are not supported"),
     "logit_bias": (({},), "logit_bias is not supported: leave it out or send {}"),
-    "response_format": (({"type": "text"},), "only {\"type\": \"text\"} is supported (no JSON mode or schema)"),
 }
+FORMAT_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")  # OpenAI's rule for response_format.json_schema.name
 
 
 def _allowed(value: Any, fine: tuple[Any, ...]) -> bool:
@@ -129,6 +134,36 @@ def _flag(data: dict[str, Any], key: str) -> bool:
     return value
 
 
+def grammar_of(data: dict[str, Any]) -> Grammar | None:
+    """The grammar a request constrains its answer to: ``response_format`` as OpenAI defines it (``text``,
+    ``json_object``, ``json_schema`` with ``name`` and ``schema``), or edgerun's ``grammar`` (GBNF text)."""
+    fmt, own = data.get("response_format"), data.get("grammar")
+    if own is not None:
+        if fmt is not None and fmt != {"type": "text"}:
+            raise BadInput("grammar and response_format both constrain the answer: give one of them")
+        return gbnf(own, "grammar")
+    if fmt is None:
+        return None
+    if not isinstance(fmt, dict) or not isinstance(fmt.get("type"), str):
+        raise BadInput('response_format must be an object like {"type": "json_object"}')
+    kind = fmt["type"]
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return JSON_OBJECT
+    if kind != "json_schema":
+        raise BadInput(f"response_format.type {kind[:40]!r} is not valid: use text, json_object or json_schema")
+    spec = fmt.get("json_schema")
+    if not isinstance(spec, dict) or "schema" not in spec:
+        raise BadInput('response_format.json_schema must be an object with "name" and "schema"')
+    name = spec.get("name")
+    if not isinstance(name, str) or not FORMAT_NAME.fullmatch(name):
+        raise BadInput("response_format.json_schema.name must be 1-64 of a-z A-Z 0-9 _ -")
+    if spec.get("strict") is not None and not isinstance(spec["strict"], bool):
+        raise BadInput("response_format.json_schema.strict must be true or false")
+    return schema_grammar(spec["schema"], "response_format.json_schema.schema")
+
+
 def _common(data: dict[str, Any], max_tokens_cap: int) -> GenArgs:
     for key, (fine, why) in REFUSED.items():
         if not _allowed(data.get(key), fine):
@@ -153,6 +188,9 @@ def _common(data: dict[str, Any], max_tokens_cap: int) -> GenArgs:
         args.sampling[key] = check(key, value, field_name)
         if key == "max_tokens" and value > max_tokens_cap:
             raise BadInput(f"{field_name} {value} is over this server's limit of {max_tokens_cap}")
+    grammar = grammar_of(data)
+    if grammar is not None:
+        args.sampling["grammar"] = grammar
     if data.get("priority") is not None:
         if not isinstance(data["priority"], str):
             raise BadInput("priority must be one of urgent, interactive, batch")

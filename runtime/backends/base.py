@@ -173,7 +173,13 @@ class LLMBackend(Backend):
     def can_shift(self) -> bool: ...
 
     @abc.abstractmethod
-    def new_sampler(self, params: SamplingParams) -> Any: ...
+    def new_sampler(self, params: SamplingParams) -> Any:
+        """A sequence's sampler for ``params``, its grammar (``params.grammar``) included."""
+
+    def check_grammar(self, grammar: Any) -> None:
+        """BadInput unless ``grammar`` (runtime.llm.grammar.Grammar) compiles for this model: a request's grammar is
+        refused before it is admitted. A backend that cannot constrain decoding refuses every grammar."""
+        raise BadInput(f"the {self.name} backend cannot constrain decoding to {grammar.what}")
 
     @abc.abstractmethod
     def sample(self, sampler: Any, index: int = -1) -> int:

@@ -217,6 +217,7 @@ class LlamaCppBatch:
     # -- sampling -----------------------------------------------------------------------------------------------------
     # The sampler chain and sampling are the single-sequence backend's own: one chain for every sequence.
     new_sampler = LlamaCppBackend.new_sampler
+    check_grammar = LlamaCppBackend.check_grammar
     sample = LlamaCppBackend.sample
 
 

@@ -47,6 +47,13 @@ class LanguageModel:
         assert spec is not None
         return SamplingParams.from_defaults(spec.sampling, **overrides)
 
+    def check_params(self, params: SamplingParams) -> SamplingParams:
+        """``params`` as a generation of this model can take them: its grammar compiled once (BadInput when it does
+        not compile, before anything is queued or decoded)."""
+        if params.grammar is not None:
+            self.backend.check_grammar(params.grammar)
+        return params
+
     def tokenize(self, text: str, *, special: bool = False) -> list[int]:
         return self.backend.tokenize(text, add_bos=True, special=special)
 

@@ -147,7 +147,7 @@ class LLM(LanguageModel):
             tokens = self.tokenize(prompt)
         else:
             tokens = list(prompt)
-        seq = Decoding(tokens, params or self.defaults, self.n_ctx, n_keep=n_keep, truncate=True,
+        seq = Decoding(tokens, self.check_params(params or self.defaults), self.n_ctx, n_keep=n_keep, truncate=True,
                        truncations=truncations, speculator=self.speculator if speculate else None)
         return Generation(seq, self.backend, self.kv, self.plan.kv_type.value, self.max_draft)
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from runtime.errors import BadInput
+from runtime.llm.grammar import Grammar
 
 INT32_MAX = 2**31 - 1  # llama.cpp's top_k and token counts are int32_t
 SEED_MAX = 2**32 - 2  # llama.cpp's seed is a uint32_t; 2^32 - 1 (LLAMA_DEFAULT_SEED) means "random" to it
@@ -100,10 +101,14 @@ class SamplingParams:
     repeat_penalty: float = 1.0  # 1.0 disables; over the last 64 tokens
     seed: int | None = None  # None: a fresh seed per request
     stop: tuple[str, ...] = field(default_factory=tuple)
+    grammar: Grammar | None = None  # constrained decoding (runtime.llm.grammar); never a manifest default
 
     def __post_init__(self) -> None:
         for f in fields(self):
-            object.__setattr__(self, f.name, check(f.name, getattr(self, f.name), _flag(f.name)))
+            if f.name in RULES:
+                object.__setattr__(self, f.name, check(f.name, getattr(self, f.name), _flag(f.name)))
+        if self.grammar is not None and not isinstance(self.grammar, Grammar):
+            raise BadInput(f"grammar must be a runtime.llm.grammar.Grammar, got {type(self.grammar).__name__}")
 
     @classmethod
     def check_defaults(cls, defaults: Any, where: str) -> dict[str, Any]:
@@ -120,9 +125,9 @@ class SamplingParams:
                       **overrides: Any) -> SamplingParams:
         """Manifest defaults (checked, errors name ``where``), then explicit overrides (None means 'not given')."""
         base = cls.check_defaults(defaults, where)
-        unknown = sorted(set(overrides) - RULES.keys())
+        unknown = sorted(set(overrides) - RULES.keys() - {"grammar"})
         if unknown:
-            raise TypeError(f"unknown sampling settings {unknown} (valid: {', '.join(RULES)})")
+            raise TypeError(f"unknown sampling settings {unknown} (valid: {', '.join(RULES)}, grammar)")
         base.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**base)
 

@@ -131,11 +131,12 @@ class Engine(LanguageModel):
         bad = next((t for t in prompt if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < self.n_vocab), None)
         if bad is not None:  # llama.cpp would fail the whole step's batch on it
             raise BadInput(f"prompt token {bad!r} is not a token of this model (ids 0 to {self.n_vocab - 1})")
+        params = self.check_params(req.params or self.defaults)
         job = Job(payload=None, priority=Priority(req.priority), deadline=req.deadline, preemptible=req.preemptible)
         handle = GenHandle(job)
         # A drafter and controller of its own: acceptance is the request's (its text), so is the on/off state.
         speculator = Speculator(PromptLookup()) if self.speculate and req.speculate else None
-        seq = SeqState(handle, prompt, req.params or self.defaults, self.slot_ctx, n_keep=req.n_keep,
+        seq = SeqState(handle, prompt, params, self.slot_ctx, n_keep=req.n_keep,
                        truncate=req.truncate, truncations=req.truncations, speculator=speculator)
         handle.truncations = list(seq.truncations)  # known now (turns dropped, the prompt cut): a header can say so
         job.payload = seq

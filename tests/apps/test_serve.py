@@ -293,3 +293,41 @@ def test_urgent_request_is_served_while_batch_streams_fill_every_slot(llm_server
         for sock in socks:
             sock.close()
     assert _slots_free(llm_server, 15)
+
+
+SWITCH = {"type": "object", "additionalProperties": False, "required": ["entity", "state"],
+          "properties": {"entity": {"enum": ["light.kitchen", "light.hall", "fan.bedroom"]},
+                         "state": {"enum": ["on", "off"]}, "brightness": {"type": "integer", "minimum": 0, "maximum": 100}}}
+
+
+def test_openai_json_schema_answers_validate_whole_and_streamed(client: OpenAI) -> None:
+    import jsonschema
+
+    messages = [{"role": "user", "content": "Switch the kitchen light off. Reply in JSON."}]
+    fmt = {"type": "json_schema", "json_schema": {"name": "switch", "schema": SWITCH, "strict": True}}
+    for seed in range(3):
+        whole = client.chat.completions.create(model="default", messages=messages, max_tokens=80, temperature=1.0,
+                                               seed=seed, response_format=fmt, extra_headers=NO_STORE)
+        assert whole.choices[0].finish_reason == "stop", whole.choices[0].message.content
+        jsonschema.validate(json.loads(whole.choices[0].message.content), SWITCH)
+    stream = client.chat.completions.create(model="default", messages=messages, max_tokens=80, temperature=0,
+                                            response_format=fmt, stream=True, extra_headers=NO_STORE)
+    text = "".join(choice.delta.content or "" for chunk in stream for choice in chunk.choices)
+    jsonschema.validate(json.loads(text), SWITCH)
+    obj = client.chat.completions.create(model="default", messages=messages, max_tokens=24, temperature=0,
+                                         response_format={"type": "json_object"}, extra_headers=NO_STORE)
+    assert obj.choices[0].message.content.startswith("{")  # an object, valid when whole (tests/runtime/test_grammar.py)
+
+
+def test_a_schema_or_grammar_that_cannot_be_enforced_is_a_400_naming_it(client: OpenAI) -> None:
+    import openai
+
+    messages = [{"role": "user", "content": "Hi"}]
+    bad = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "string", "pattern": "^a$"}}}
+    with pytest.raises(openai.BadRequestError, match=r"response_format\.json_schema\.schema\.pattern"):
+        client.chat.completions.create(model="default", messages=messages, max_tokens=4, response_format=bad)
+    with pytest.raises(openai.BadRequestError, match="does not compile as GBNF"):
+        client.completions.create(model="default", prompt="Hi", max_tokens=4, extra_body={"grammar": "root ::= nope"})
+    done = client.completions.create(model="default", prompt="Is water wet? Answer:", max_tokens=4, temperature=0,
+                                     extra_body={"grammar": 'root ::= " yes" | " no"'}, extra_headers=NO_STORE)
+    assert done.choices[0].text in (" yes", " no")

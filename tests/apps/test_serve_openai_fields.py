@@ -30,7 +30,6 @@ def test_fields_that_change_nothing_are_accepted(extra: dict) -> None:
 @pytest.mark.parametrize("extra", [
     {"n": 2}, {"n": True}, {"n": 1.0}, {"best_of": 3}, {"echo": True}, {"logprobs": True}, {"top_logprobs": 3},
     {"tools": [{"type": "function", "function": {"name": "f"}}]}, {"logit_bias": {"50256": -100}},
-    {"response_format": {"type": "json_object"}}, {"response_format": {"type": "json_schema", "json_schema": {}}},
 ])
 def test_fields_this_server_cannot_honour_are_refused_by_name(extra: dict) -> None:
     (name,) = extra
@@ -80,3 +79,32 @@ def test_a_long_bad_value_is_shown_short_and_the_error_still_says_what_is_valid(
     with pytest.raises(BadInput) as err:
         body_kind("text/" + long)
     assert "image/png" in api.error_body(err.value)["error"]["message"]
+
+
+def test_response_formats_become_the_answers_grammar() -> None:
+    from runtime.llm.grammar import JSON_OBJECT
+
+    assert "grammar" not in _chat(response_format={"type": "text"}).sampling
+    assert _chat(response_format={"type": "json_object"}).sampling["grammar"] is JSON_OBJECT
+    schema = {"type": "object", "properties": {"on": {"type": "boolean"}}, "required": ["on"]}
+    grammar = _chat(response_format={"type": "json_schema", "json_schema": {"name": "switch", "schema": schema,
+                                                                            "strict": True}}).sampling["grammar"]
+    assert grammar.text.startswith("root ::= ") and '"\\"on\\""' in grammar.text
+    assert _chat(grammar='root ::= "yes" | "no"').sampling["grammar"].text == 'root ::= "yes" | "no"'
+
+
+@pytest.mark.parametrize("extra, words", [
+    ({"response_format": {"type": "json_schema", "json_schema": {}}}, "^response_format.json_schema must be an object"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "a b", "schema": {}}}}, "name must be"),
+    ({"response_format": {"type": "xml"}}, "^response_format.type 'xml' is not valid: use text, json_object or json_schema"),
+    ({"response_format": "json"}, "^response_format must be an object"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": {
+        "type": "object", "properties": {"x": {"type": "string", "pattern": "^a+$"}}}}}},
+     r"^response_format.json_schema.schema.properties.x.pattern: is not a keyword this server can enforce"),
+    ({"grammar": 5}, "^grammar must be GBNF text"),
+    ({"grammar": "x" * 70_000}, "^grammar is 70000 bytes; at most 65536"),
+    ({"grammar": 'root ::= "a"', "response_format": {"type": "json_object"}}, "give one of them"),
+])
+def test_a_bad_format_or_grammar_is_refused_naming_its_field(extra: dict, words: str) -> None:
+    with pytest.raises(BadInput, match=words):
+        _chat(**extra)
