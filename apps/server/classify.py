@@ -157,7 +157,7 @@ async def classify(request: Request, state: ServerState, key: ApiKey | None) -> 
         model_kind = state.models.kinds.get(served)
         if model_kind != kind:
             what = "an image" if kind == ResidentKind.VISION else "a WAV file"
-            noun = ModelKind(model_kind).noun if model_kind in ModelKind._value2member_map_ else "not a classifier"
+            noun = ModelKind(model_kind).noun if model_kind in {k.value for k in ModelKind} else "not a classifier"
             raise BadInput(f"model {public!r} is {noun}; "
                            f"it cannot classify {what}")
         with contextlib.ExitStack() as lease:  # a load on demand runs off the event loop

@@ -163,6 +163,9 @@ class GrammarChain:
             llama_cpp.llama_sampler_free(grammar)
         self.chain.close()
 
+    def __del__(self) -> None:  # a generation its caller abandons is never closed: freed with it, as LlamaSampler is
+        self.close()
+
 
 def sampler_chain(params: SamplingParams, vocab: Any) -> Any:
     """The one sampler chain of every sequence, single stream or engine slot, built once per request from its

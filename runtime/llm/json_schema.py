@@ -283,12 +283,14 @@ class _Converter:
         required = schema.get("required", [])
         if not isinstance(required, list) or not all(isinstance(r, str) for r in required):
             raise self.fail(f"{path}.required", "must be a list of property names")
+        # a required name that is not a declared property is an additional one: it takes their schema
+        extra = schema.get("additionalProperties", schema.get("unevaluatedProperties", True))
         missing = [r for r in required if r not in props]
-        if missing and schema.get("additionalProperties", True) is False:
+        if missing and extra is False:
             raise self.fail(f"{path}.required", f"names {missing[0]!r}, which no property allows")
         kv = {}
-        for name in [*props, *(r for r in required if r not in props)]:
-            sub = props.get(name, True)
+        for name in [*props, *missing]:
+            sub = props[name] if name in props else extra
             value = self.visit(sub, f"{path}.properties.{name}", depth + 1)
             kv[name] = f'{_literal(json.dumps(name, ensure_ascii=False))} ws ":" ws {value}'
         req = [kv[n] for n in kv if n in required]

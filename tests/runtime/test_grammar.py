@@ -149,3 +149,22 @@ def test_the_cli_refuses_a_bad_schema_or_grammar_in_one_line(smollm, tmp_path, c
     code = cli(["run", "default", "--prompt", "Hi", flag, str(path), "--max-tokens", "4", "--memory", "1G"])
     err = capsys.readouterr().err
     assert code == 2 and words in err and err.count("\n") == 1, err
+
+
+def test_an_abandoned_grammar_sampler_is_freed(llms, monkeypatch) -> None:
+    # a caller that stops iterating never reaches Decoding.close(): the grammar's native sampler goes with the object
+    import gc
+
+    import llama_cpp
+
+    freed = []
+    real = llama_cpp.llama_sampler_free
+    monkeypatch.setattr(llama_cpp, "llama_sampler_free", lambda s: (freed.append(s), real(s)))
+    llm = llms["smollm"]
+    gen = llm.stream(PLAIN, llm.params(max_tokens=40, grammar=schema_grammar(LIGHT)))
+    next(iter(gen))
+    grammar = gen.seq.sampler.grammar
+    assert grammar and grammar not in freed
+    del gen
+    gc.collect()
+    assert grammar in freed

@@ -92,3 +92,10 @@ def test_annotations_and_what_the_grammar_never_emits_are_accepted() -> None:
     schema = {"title": "t", "description": "d", "type": "object", "additionalProperties": False,
               "properties": {"a": {"type": "string", "default": "x", "examples": ["y"]}}, "$schema": "x", "strict": True}
     assert schema_grammar(schema).text.startswith("root ::= ")
+
+
+def test_a_required_name_without_a_property_takes_the_additional_properties_schema() -> None:
+    text = schema_grammar({"type": "object", "required": ["n"], "additionalProperties": {"type": "integer"}}).text
+    assert '"\\"n\\"" ws ":" ws integer' in text
+    assert "names 'n', which no property allows" in _refusal({"type": "object", "required": ["n"],
+                                                              "unevaluatedProperties": False})
