@@ -91,7 +91,7 @@ async def _attempt(state: ServerState, call: Call, outcome: Outcome, receive: Re
         if hit is not None:
             outcome.cache = "hit"
             lease.close()
-            return _replay(api.Reply(call.chat, call.id, call.model, outcome.version), call, hit, outcome,
+            return _replay(api.Reply(call.chat, call.id, call.model, outcome.version, call.args.tools), call, hit, outcome,
                            {"X-Edgerun-Priority": call.priority.name.lower()})
         handle, truncations = await _submit(svc, call, params, receive)
     except BaseException as exc:
@@ -110,7 +110,7 @@ async def _attempt(state: ServerState, call: Call, outcome: Outcome, receive: Re
     if first is None:  # the client went away
         return Response(status_code=499)
     headers = {"X-Edgerun-Priority": call.priority.name.lower(), **api.truncated_header(list(truncations))}
-    reply = api.Reply(call.chat, call.id, call.model, outcome.version)
+    reply = api.Reply(call.chat, call.id, call.model, outcome.version, args.tools)
     if args.stream:
         return EventStream(run.stream(reply, first), headers, on_stall=lambda stalled: run.close(error=stalled))
     return await run.whole(reply, first, headers)
@@ -174,7 +174,9 @@ def _replay(reply: api.Reply, call: Call, hit: tuple[str, Any], outcome: Outcome
         return JSONResponse(reply.completion(text, result), headers=headers)
 
     async def body() -> AsyncIterator[bytes]:
-        yield event(reply.chunk(text, first=True))
+        yield event(reply.chunk("", first=True))
+        for piece in reply.pieces(text, end=True):
+            yield event(piece)
         yield event(reply.last_chunk(result))
         if args.include_usage:
             yield event(reply.usage_chunk(result))
@@ -273,16 +275,16 @@ class _Run:
                 yield event(reply.chunk("", first=True))
             while ev.kind == "text":
                 safe = self.checker.feed(ev.text)
-                if safe:
-                    parts.append(safe)
-                    yield event(reply.chunk(safe))
+                parts.append(safe)
+                for piece in reply.pieces(safe):
+                    yield event(piece)
                 ev = await self.events.__anext__()  # Starlette cancels this task when the client disconnects
                 if ev.kind == "error":
                     raise self.error(ev)
             rest = self.checker.finish()
-            if rest:
-                parts.append(rest)
-                yield event(reply.chunk(rest))
+            parts.append(rest)
+            for piece in reply.pieces(rest, end=True):
+                yield event(piece)
             result = ev.result
             yield event(reply.last_chunk(result))
             if self.call.args.include_usage:

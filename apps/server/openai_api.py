@@ -27,6 +27,8 @@ from runtime.llm.decoding import Result, Truncation
 from runtime.llm.grammar import JSON_OBJECT, Grammar, gbnf
 from runtime.llm.json_schema import schema_grammar
 from runtime.llm.sampling import check
+from runtime.llm.tools import NAME as TOOL_NAME
+from runtime.llm.tools import CallReader, ToolCall, Tools, tool_messages
 from runtime.serving.safety import Blocked
 
 SAMPLING_KEYS = ("max_tokens", "temperature", "top_p", "seed", "stop")
@@ -36,7 +38,6 @@ REFUSED = {  # field -> (values that are fine besides null, why another is refus
     "echo": ((False,), "echo is not supported"),
     "logprobs": ((False, 0), "logprobs are not supported"),
     "top_logprobs": ((0,), "logprobs are not supported"),
-    "tools": (([],), "tools are not supported"),
     "functions": (([],), "functions are not supported"),
     "logit_bias": (({},), "logit_bias is not supported: leave it out or send {}"),
 }
@@ -69,11 +70,13 @@ class GenArgs:
     truncate: bool = False  # a prompt that does not fit: drop its oldest part instead of refusing it
     priority: str | None = None
     deadline_ms: int | None = None
-    messages: list[dict[str, str]] | None = None  # chat
+    messages: list[dict[str, str]] | None = None  # chat (tool calls and results in the tool format: runtime/llm/tools.py)
     prompt: str | None = None  # completions
+    tools: Tools | None = None  # chat: the tools the answer may call (read back as calls unless tool_choice is none)
 
     def cache_payload(self) -> dict[str, Any]:
-        return {"messages": self.messages, "prompt": self.prompt, "truncate": self.truncate}
+        calls = self.tools is not None and self.tools.calls
+        return {"messages": self.messages, "prompt": self.prompt, "truncate": self.truncate, "calls": calls}
 
 
 def _no_constant(name: str) -> Any:
@@ -227,6 +230,33 @@ def _messages_error(text: str) -> BadInput:
     return exc
 
 
+def _tool_calls(i: int, calls: Any) -> list[ToolCall]:
+    """An assistant message's ``tool_calls`` (OpenAI's shape: id, type function, name, arguments as JSON text)."""
+    where = f"messages[{i}].tool_calls"
+    if not isinstance(calls, list):
+        raise _messages_error(f"{where} must be a list of calls")
+    out = []
+    for j, call in enumerate(calls):
+        fn = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(fn, dict) or call.get("type", "function") != "function":
+            raise _messages_error(f'{where}[{j}] must be {{"id", "type": "function", "function": {{"name", "arguments"}}}}')
+        name, arguments, cid = fn.get("name"), fn.get("arguments"), call.get("id", "")
+        if not isinstance(name, str) or not TOOL_NAME.fullmatch(name):
+            raise _messages_error(f"{where}[{j}].function.name must be 1-64 of a-z A-Z 0-9 _ -")
+        if isinstance(arguments, dict):  # some clients send the object itself
+            arguments = json.dumps(arguments, ensure_ascii=False)
+        try:
+            ok = isinstance(arguments, str) and isinstance(json.loads(arguments), dict)
+        except (ValueError, RecursionError):
+            ok = False
+        if not ok:
+            raise _messages_error(f"{where}[{j}].function.arguments must be a JSON object, as text")
+        if not isinstance(cid, str) or len(cid) > 256:
+            raise _messages_error(f"{where}[{j}].id must be text of at most 256 characters")
+        out.append(ToolCall(cid, name, arguments))
+    return out
+
+
 def parse_chat(data: dict[str, Any], max_tokens_cap: int) -> GenArgs:
     args = _common(data, max_tokens_cap)
     messages = data.get("messages")
@@ -234,20 +264,41 @@ def parse_chat(data: dict[str, Any], max_tokens_cap: int) -> GenArgs:
         raise BadInput("messages must be a non-empty list of {\"role\", \"content\"} objects")
     if len(messages) > MAX_MESSAGES:  # before any work per message: fitting a chat renders and tokenizes each one
         raise _messages_error(f"messages: {len(messages)} messages; at most {MAX_MESSAGES} are accepted")
-    out = []
+    args.tools = Tools.parse(data.get("tools"), data.get("tool_choice"), data.get("parallel_tool_calls"))
+    if args.tools is not None and args.tools.calls:
+        if "grammar" in args.sampling:
+            raise BadInput("tools and response_format (or grammar) both constrain the answer: give one of them")
+        args.sampling["grammar"] = args.tools.grammar()
+    out: list[dict[str, Any]] = []
+    tooled = args.tools is not None
     for i, msg in enumerate(messages):
         if not isinstance(msg, dict):
             raise BadInput(f"messages[{i}] must be an object with role and content")
         role = "system" if msg.get("role") == "developer" else msg.get("role")
-        if role not in ROLES:
-            raise BadInput(f"messages[{i}].role {msg.get('role')!r} is not valid: use {', '.join(ROLES)}"[:200])
-        out.append({"role": role, "content": _content(i, msg.get("content"))})
-    if out[-1]["role"] != "user":
-        raise BadInput("the last message must come from the user")
-    chars = sum(len(m["content"]) for m in out)
+        if role not in (*ROLES, "tool"):
+            raise BadInput(f"messages[{i}].role {msg.get('role')!r} is not valid: use {', '.join(ROLES)}, tool"[:200])
+        calls = msg.get("tool_calls")
+        content = msg.get("content")
+        if role == "assistant" and calls:
+            out.append({"role": role, "content": "" if content is None else _content(i, content),
+                        "tool_calls": _tool_calls(i, calls)})
+            tooled = True
+            continue
+        entry: dict[str, Any] = {"role": role, "content": _content(i, content)}
+        if role == "tool":
+            cid = msg.get("tool_call_id")
+            if not isinstance(cid, str):
+                raise _messages_error(f"messages[{i}].tool_call_id must name the call this result answers")
+            entry["tool_call_id"] = cid
+            tooled = True
+        out.append(entry)
+    plain = tool_messages(out, args.tools) if tooled else out
+    if plain[-1]["role"] != "user":
+        raise BadInput("the last message must come from the user (or be a tool's result)")
+    chars = sum(len(m["content"]) for m in plain)
     if chars > MAX_CHAT_CHARS:
         raise _messages_error(f"messages: {chars} characters of content; at most {MAX_CHAT_CHARS} are accepted")
-    args.messages = out
+    args.messages = plain
     return args
 
 
@@ -295,27 +346,47 @@ def usage(result: Result) -> dict[str, Any]:
     return out
 
 
+def new_call_id() -> str:
+    return f"call_{secrets.token_hex(12)}"
+
+
 @dataclass
 class Reply:
     """One answer's shape: its id, creation time, model and fingerprint are the same in every chunk of a stream.
     ``fingerprint``: the version that answered (OpenAI's ``system_fingerprint``: with a ``seed``, a change of it
-    says the answer may differ)."""
+    says the answer may differ). ``tools``: a chat's tools; when calls are allowed, the answer is read for them
+    (runtime.llm.tools.CallReader) and calls go out as ``tool_calls``, whole or streamed."""
 
     chat: bool
     id: str
     model: str
     fingerprint: str | None = None
+    tools: Tools | None = None
     created: int = field(default_factory=lambda: int(time.time()))
+    _reader: CallReader | None = field(default=None, repr=False)
 
     def _head(self, kind: str) -> dict[str, Any]:
         return {"id": self.id, "object": kind, "created": self.created, "model": self.model,
                 "system_fingerprint": self.fingerprint}
 
+    def _reads_calls(self) -> bool:
+        return self.chat and self.tools is not None and self.tools.calls
+
     def completion(self, text: str, result: Result) -> dict[str, Any]:
         reason = FINISH.get(result.stop_reason, "stop")
         if self.chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
-                      "finish_reason": reason}
+            message: dict[str, Any] = {"role": "assistant", "content": text}
+            if self._reads_calls():
+                assert self.tools is not None
+                reader = CallReader(self.tools, new_call_id)
+                shown = reader.feed(text)[0] + reader.finish()[0]
+                if reader.calls:
+                    message = {"role": "assistant", "content": shown or None,
+                               "tool_calls": [{"id": c.id, "type": "function",
+                                               "function": {"name": c.name, "arguments": c.arguments}}
+                                              for c in reader.calls]}
+                    reason = "tool_calls" if reason == "stop" else reason
+            choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": reason}
         else:
             choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": reason}
         return {**self._head("chat.completion" if self.chat else "text_completion"), "choices": [choice],
@@ -329,8 +400,36 @@ class Reply:
             choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
         return {**self._head("chat.completion.chunk" if self.chat else "text_completion"), "choices": [choice]}
 
+    def pieces(self, text: str, end: bool = False) -> list[dict[str, Any]]:
+        """The chunks that stream ``text``, the answer's next piece (``end``: the last; text held back while it
+        could still be a call comes out then). Calls stream as OpenAI streams them: a call's first chunk has its
+        index, id, type and name, the next ones fragments of its arguments."""
+        if not self._reads_calls():
+            return [self.chunk(text)] if text else []
+        if self._reader is None:
+            assert self.tools is not None
+            self._reader = CallReader(self.tools, new_call_id)
+        shown, deltas = self._reader.feed(text) if text else ("", [])
+        if end:
+            shown += self._reader.finish()[0]
+        out = [self.chunk(shown)] if shown else []
+        if deltas:
+            merged: dict[int, dict[str, Any]] = {}
+            for d in deltas:
+                item = merged.setdefault(d.index, {"index": d.index})
+                if d.id is not None:
+                    item.update(id=d.id, type="function", function={"name": d.name, "arguments": ""})
+                item.setdefault("function", {"arguments": ""})["arguments"] += d.arguments
+            delta = {"tool_calls": list(merged.values())}
+            out.append({**self._head("chat.completion.chunk"),
+                        "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}]})
+        return out
+
     def last_chunk(self, result: Result) -> dict[str, Any]:
-        return self.chunk(None, finish=FINISH.get(result.stop_reason, "stop"))
+        reason = FINISH.get(result.stop_reason, "stop")
+        if reason == "stop" and self._reader is not None and self._reader.calls:
+            reason = "tool_calls"
+        return self.chunk(None, finish=reason)
 
     def usage_chunk(self, result: Result) -> dict[str, Any]:
         return {**self._head("chat.completion.chunk" if self.chat else "text_completion"), "choices": [],

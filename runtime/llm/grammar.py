@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from runtime.errors import BadInput
 
-__all__ = ["JSON_OBJECT", "MAX_GBNF_BYTES", "Grammar", "gbnf"]
+__all__ = ["JSON_OBJECT", "MAX_GBNF_BYTES", "Grammar", "gbnf", "literal"]
 
 # A grammar is parsed by llama.cpp's C++ parser and walked at every decoded token: 64 KiB holds a schema of a few
 # hundred properties (Home Assistant's 40-entity tool list converts to about 8 KiB) and keeps the parse small.
@@ -44,6 +44,25 @@ class Grammar:
             self.text.encode("utf-8")
         except UnicodeEncodeError:
             raise BadInput(f"{self.what} is not valid UTF-8 text (a lone surrogate)") from None
+
+
+def literal(text: str) -> str:
+    """``text`` as a GBNF string literal."""
+    out = []
+    for ch in text:
+        if ch in '"\\':
+            out.append("\\" + ch)
+        elif ch == "\n":
+            out.append("\\n")
+        elif ch == "\r":
+            out.append("\\r")
+        elif ch == "\t":
+            out.append("\\t")
+        elif ord(ch) < 0x20 or ord(ch) == 0x7F:
+            out.append(f"\\x{ord(ch):02X}")
+        else:
+            out.append(ch)
+    return '"' + "".join(out) + '"'
 
 
 def gbnf(text: object, where: str) -> Grammar:

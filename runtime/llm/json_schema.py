@@ -20,9 +20,9 @@ import re
 from typing import Any
 
 from runtime.errors import BadInput
-from runtime.llm.grammar import Grammar
+from runtime.llm.grammar import Grammar, literal
 
-__all__ = ["MAX_DIGITS", "MAX_REPEAT", "MAX_SCHEMA_DEPTH", "MAX_SCHEMA_NODES", "schema_grammar"]
+__all__ = ["MAX_DIGITS", "MAX_REPEAT", "MAX_SCHEMA_DEPTH", "MAX_SCHEMA_NODES", "SchemaRules", "schema_grammar"]
 
 MAX_SCHEMA_DEPTH = 32
 MAX_SCHEMA_NODES = 2000
@@ -64,27 +64,8 @@ _FORMATS = {
 _FORMATS["date-time"] = _FORMATS["date"].removesuffix(r' "\"" ws') + r' "T" ' + _FORMATS["time"].removeprefix(r'"\"" ')
 
 
-def _literal(text: str) -> str:
-    """``text`` as a GBNF string literal."""
-    out = []
-    for ch in text:
-        if ch in '"\\':
-            out.append("\\" + ch)
-        elif ch == "\n":
-            out.append("\\n")
-        elif ch == "\r":
-            out.append("\\r")
-        elif ch == "\t":
-            out.append("\\t")
-        elif ord(ch) < 0x20 or ord(ch) == 0x7F:
-            out.append(f"\\x{ord(ch):02X}")
-        else:
-            out.append(ch)
-    return '"' + "".join(out) + '"'
-
-
 def _json_literal(value: Any) -> str:
-    return _literal(json.dumps(value, ensure_ascii=False, separators=(",", ":"))) + " ws"
+    return literal(json.dumps(value, ensure_ascii=False, separators=(",", ":"))) + " ws"
 
 
 # -- integer ranges, digit by digit -------------------------------------------------------------------------------
@@ -292,7 +273,7 @@ class _Converter:
         for name in [*props, *missing]:
             sub = props[name] if name in props else extra
             value = self.visit(sub, f"{path}.properties.{name}", depth + 1)
-            kv[name] = f'{_literal(json.dumps(name, ensure_ascii=False))} ws ":" ws {value}'
+            kv[name] = f'{literal(json.dumps(name, ensure_ascii=False))} ws ":" ws {value}'
         req = [kv[n] for n in kv if n in required]
         opt = [kv[n] for n in kv if n not in required]
         if req:
@@ -370,10 +351,29 @@ class _Converter:
         return self.rule(f"num{path}", "( " + " | ".join(alts) + " ) ws")
 
 
+class SchemaRules:
+    """The rules of several schemas in one grammar (a tool list: one arguments schema per tool). Each schema's
+    ``$ref``s resolve within it; the subschema bound counts them all together."""
+
+    def __init__(self) -> None:
+        self._conv = _Converter(None, "the schema")
+
+    def add(self, schema: Any, where: str) -> str:
+        """A GBNF expression (a rule name or a parenthesised expression) admitting exactly what the grammar of
+        ``schema`` admits; BadInput naming ``where`` + the keyword's path of what cannot be enforced."""
+        conv = self._conv
+        conv.root, conv.where, conv.refs = schema, where, {}
+        return conv.visit(schema, "", 0)
+
+    def grammar(self, root: str, what: str, rules: dict[str, str] | None = None) -> Grammar:
+        """The grammar whose start is ``root`` (an expression over the added schemas and ``rules``)."""
+        lines = [f"root ::= {root}", *(f"{n} ::= {b}" for n, b in (rules or {}).items()),
+                 *(f"{n} ::= {b}" for n, b in self._conv.rules.items())]
+        return Grammar("\n".join(lines) + "\n", what)
+
+
 def schema_grammar(schema: Any, where: str = "the schema") -> Grammar:
     """The grammar of ``schema`` (a parsed JSON Schema); BadInput naming the path (``where`` + the keyword's path)
     of what cannot be enforced or is out of bounds."""
-    conv = _Converter(schema, where)
-    top = conv.visit(schema, "", 0)
-    lines = [f"root ::= {top}", *(f"{name} ::= {body}" for name, body in conv.rules.items())]
-    return Grammar("\n".join(lines) + "\n", f"{where} (as a grammar)")
+    rules = SchemaRules()
+    return rules.grammar(rules.add(schema, where), f"{where} (as a grammar)")
