@@ -79,7 +79,7 @@ def endpoint(handler: Handler, *, auth: bool = True, ready: bool = True, admin: 
 
 def _model_card(state: ServerState, entry: Any) -> dict[str, Any]:
     return {"id": entry.name, "object": "model", "created": 0, "owned_by": "edgerun",
-            "kind": state.models.kinds.get(entry.name, entry.kind or "")}
+            "kind": state.models.kinds.get(entry.name, entry.kind or ""), **state.models.abilities.get(entry.name, {})}
 
 
 async def list_models(request: Request, state: ServerState, key: ApiKey | None) -> Response:

@@ -175,7 +175,7 @@ def _replay(reply: api.Reply, call: Call, hit: tuple[str, Any], outcome: Outcome
 
     async def body() -> AsyncIterator[bytes]:
         yield event(reply.chunk("", first=True))
-        for piece in reply.pieces(text, end=True):
+        for piece in reply.pieces(text, end=True, logprobs=result.logprobs):
             yield event(piece)
         yield event(reply.last_chunk(result))
         if args.include_usage:
@@ -276,7 +276,7 @@ class _Run:
             while ev.kind == "text":
                 safe = self.checker.feed(ev.text)
                 parts.append(safe)
-                for piece in reply.pieces(safe):
+                for piece in reply.pieces(safe, logprobs=ev.logprobs):
                     yield event(piece)
                 ev = await self.events.__anext__()  # Starlette cancels this task when the client disconnects
                 if ev.kind == "error":

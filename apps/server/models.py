@@ -36,6 +36,24 @@ def kind_of(entry: ModelEntry) -> ResidentKind:
     return ResidentKind(resolve(entry.ref).manifest.kind.value)
 
 
+def capabilities_of(entry: ModelEntry, kind: ResidentKind) -> dict[str, Any]:
+    """What a model can do, as GET /v1/models reports it: ``capabilities`` (completion; chat, tools and
+    logprobs...; classify for the classifiers) and, for a language model, its chat template: present or not, and
+    whether it renders tools itself (``tools_in_template``; otherwise tools use edgerun's format, runtime/llm/tools.py)."""
+    if kind != ResidentKind.LLM:
+        return {"capabilities": ["classify"]}
+    from runtime.bundle.resolve import resolve
+    from runtime.llm.chat_template import renders_tools
+
+    spec = resolve(entry.ref).manifest.llm
+    template = spec.chat_template if spec is not None else None
+    abilities = ["completion", "json_schema", "grammar", "logprobs"]
+    if template:
+        abilities[1:1] = ["chat", "tools"]
+    return {"capabilities": abilities,
+            "chat_template": {"present": bool(template), "tools_in_template": bool(template) and renders_tools(template)}}
+
+
 def spec_of(entry: ModelEntry, kind: ResidentKind, slots: int, max_queued: int, speculate: bool = True,
             decode_bytes: int = 0) -> ModelSpec:
     """``decode_bytes``: what the server's classify decode slots hold at most, planned with its vision models."""
@@ -61,6 +79,7 @@ class Models:
         self.manager = manager if manager is not None else ResidencyManager(config.memory or default_budget())
         self.kinds: dict[str, ResidentKind] = {}
         self.unavailable: dict[str, str] = {}  # name -> why it could not be planned (a rolled-back canary)
+        self.abilities: dict[str, dict[str, Any]] = {}  # name -> what /v1/models says it can do (capabilities_of)
 
     def add(self, entry: ModelEntry) -> None:
         from runtime.classify.preprocess import decode_bytes
@@ -69,6 +88,7 @@ class Models:
         decode = limits.decode_slots * decode_bytes(limits.max_image_pixels)
         self.manager.add(spec_of(entry, kind, self.config.slots, limits.max_queued, self.config.speculate, decode))
         self.kinds[entry.name] = kind
+        self.abilities[entry.name] = capabilities_of(entry, kind)
 
     def load_pinned(self) -> None:
         """Load the pinned models and the default one now, so the first request does not wait for them."""

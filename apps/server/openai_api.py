@@ -23,10 +23,10 @@ from starlette.responses import JSONResponse
 from apps.server.security import BodyTooLarge, Forbidden, Unauthorized
 from runtime.errors import BadInput, Cancelled, DeadlineExceeded, DoesNotFit, EdgerunError, QueueFull, one_line
 from runtime.llm.chat import MAX_CHAT_CHARS, MAX_MESSAGES, ROLES
-from runtime.llm.decoding import Result, Truncation
+from runtime.llm.decoding import Result, TokenLogprob, Truncation
 from runtime.llm.grammar import JSON_OBJECT, Grammar, gbnf
 from runtime.llm.json_schema import schema_grammar
-from runtime.llm.sampling import check
+from runtime.llm.sampling import LOGIT_BIAS, MAX_LOGIT_BIAS, MAX_TOP_LOGPROBS, check
 from runtime.llm.tools import NAME as TOOL_NAME
 from runtime.llm.tools import CallReader, ToolCall, Tools, tool_messages
 from runtime.serving.safety import Blocked
@@ -36,10 +36,7 @@ REFUSED = {  # field -> (values that are fine besides null, why another is refus
     "n": ((1,), "this server returns one choice: leave n out or set it to 1"),
     "best_of": ((1,), "this server returns one choice: leave best_of out or set it to 1"),
     "echo": ((False,), "echo is not supported"),
-    "logprobs": ((False, 0), "logprobs are not supported"),
-    "top_logprobs": ((0,), "logprobs are not supported"),
     "functions": (([],), "functions are not supported"),
-    "logit_bias": (({},), "logit_bias is not supported: leave it out or send {}"),
 }
 FORMAT_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")  # OpenAI's rule for response_format.json_schema.name
 
@@ -194,6 +191,9 @@ def _common(data: dict[str, Any], max_tokens_cap: int) -> GenArgs:
     grammar = grammar_of(data)
     if grammar is not None:
         args.sampling["grammar"] = grammar
+    bias = data.get("logit_bias")
+    if bias is not None:
+        args.sampling["logit_bias"] = _logit_bias(bias)
     if data.get("priority") is not None:
         if not isinstance(data["priority"], str):
             raise BadInput("priority must be one of urgent, interactive, batch")
@@ -201,6 +201,43 @@ def _common(data: dict[str, Any], max_tokens_cap: int) -> GenArgs:
     if data.get("deadline_ms") is not None:
         args.deadline_ms = check_deadline_ms(data["deadline_ms"], "deadline_ms")
     return args
+
+
+def _logit_bias(bias: Any) -> tuple[tuple[int, float], ...]:
+    """OpenAI's ``logit_bias``: {"token id": bias from -100 to 100}, as (id, bias) pairs."""
+    if not isinstance(bias, dict) or len(bias) > MAX_LOGIT_BIAS:
+        raise BadInput(f'logit_bias must be an object of at most {MAX_LOGIT_BIAS} "token id": bias pairs')
+    out = []
+    for key, value in bias.items():
+        if not (key.isascii() and key.isdigit() and len(key) <= 10) or isinstance(value, bool) or \
+                not isinstance(value, (int, float)) or not -LOGIT_BIAS <= value <= LOGIT_BIAS:
+            raise BadInput(f"logit_bias {key[:20]!r}: {value!r} is not valid: keys are token ids (digits), values "
+                           f"numbers from -{LOGIT_BIAS:g} to {LOGIT_BIAS:g}"[:200])
+        out.append((int(key), float(value)))
+    return tuple(sorted(out))
+
+
+def _chat_logprobs(data: dict[str, Any]) -> int | None:
+    """Chat's ``logprobs`` (true/false) and ``top_logprobs`` (0-20, with logprobs) as the alternatives to report."""
+    wanted, top = data.get("logprobs"), data.get("top_logprobs")
+    if wanted is not None and not isinstance(wanted, bool):
+        raise BadInput(f"logprobs must be true or false, got {wanted!r}"[:200])
+    if top is not None:
+        if isinstance(top, bool) or not isinstance(top, int) or not 0 <= top <= MAX_TOP_LOGPROBS:
+            raise BadInput(f"top_logprobs must be an integer from 0 to {MAX_TOP_LOGPROBS}, got {top!r}"[:200])
+        if not wanted and top:
+            raise BadInput("top_logprobs needs logprobs: true")
+    return (top or 0) if wanted else None
+
+
+def _completion_logprobs(data: dict[str, Any]) -> int | None:
+    """Completions' ``logprobs``: the number of alternatives to report (0-5), or null for none."""
+    n = data.get("logprobs")
+    if n is None:
+        return None
+    if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= 5:
+        raise BadInput(f"logprobs must be an integer from 0 to 5 (the alternatives per token) or null, got {n!r}"[:200])
+    return n
 
 
 def check_deadline_ms(value: Any, where: str) -> int:
@@ -259,6 +296,9 @@ def _tool_calls(i: int, calls: Any) -> list[ToolCall]:
 
 def parse_chat(data: dict[str, Any], max_tokens_cap: int) -> GenArgs:
     args = _common(data, max_tokens_cap)
+    top = _chat_logprobs(data)
+    if top is not None:
+        args.sampling["top_logprobs"] = top
     messages = data.get("messages")
     if not isinstance(messages, list) or not messages:
         raise BadInput("messages must be a non-empty list of {\"role\", \"content\"} objects")
@@ -304,6 +344,9 @@ def parse_chat(data: dict[str, Any], max_tokens_cap: int) -> GenArgs:
 
 def parse_completion(data: dict[str, Any], max_tokens_cap: int) -> GenArgs:
     args = _common(data, max_tokens_cap)
+    top = _completion_logprobs(data)
+    if top is not None:
+        args.sampling["top_logprobs"] = top
     prompt = data.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1:
         prompt = prompt[0]
@@ -364,6 +407,23 @@ class Reply:
     tools: Tools | None = None
     created: int = field(default_factory=lambda: int(time.time()))
     _reader: CallReader | None = field(default=None, repr=False)
+    _held: list[TokenLogprob] = field(default_factory=list, repr=False)  # logprobs waiting for a chunk to carry them
+    _offset: int = 0  # completions' text_offset of the next token
+
+    def logprobs(self, entries: list[TokenLogprob] | None) -> dict[str, Any] | None:
+        """``entries`` in the endpoint's shape: chat's ``content`` list, or completions' four parallel lists."""
+        if entries is None:
+            return None
+        if self.chat:
+            return {"content": [{"token": e.text, "logprob": e.logprob, "bytes": list(e.bytes),
+                                 "top_logprobs": [{"token": text, "logprob": lp, "bytes": list(text.encode())}
+                                                  for _, text, lp in e.top]} for e in entries], "refusal": None}
+        offsets = []
+        for e in entries:
+            offsets.append(self._offset)
+            self._offset += len(e.text)
+        return {"tokens": [e.text for e in entries], "token_logprobs": [e.logprob for e in entries],
+                "top_logprobs": [{text: lp for _, text, lp in e.top} for e in entries], "text_offset": offsets}
 
     def _head(self, kind: str) -> dict[str, Any]:
         return {"id": self.id, "object": kind, "created": self.created, "model": self.model,
@@ -386,24 +446,30 @@ class Reply:
                                                "function": {"name": c.name, "arguments": c.arguments}}
                                               for c in reader.calls]}
                     reason = "tool_calls" if reason == "stop" else reason
-            choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": reason}
+            choice = {"index": 0, "message": message, "logprobs": self.logprobs(result.logprobs), "finish_reason": reason}
         else:
-            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": reason}
+            choice = {"index": 0, "text": text, "logprobs": self.logprobs(result.logprobs), "finish_reason": reason}
         return {**self._head("chat.completion" if self.chat else "text_completion"), "choices": [choice],
                 "usage": usage(result)}
 
     def chunk(self, text: str | None, finish: str | None = None, first: bool = False) -> dict[str, Any]:
+        """A chunk of ``text``; it carries the log probabilities held for it (those of the tokens sent so far)."""
+        held, self._held = (self._held, []) if (text or finish) and self._held else (None, self._held)
+        lp = self.logprobs(held) if held else None
         if self.chat:
             delta: dict[str, Any] = {"role": "assistant", "content": text or ""} if first else ({"content": text} if text else {})
-            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+            choice = {"index": 0, "delta": delta, "logprobs": lp, "finish_reason": finish}
         else:
-            choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+            choice = {"index": 0, "text": text or "", "logprobs": lp, "finish_reason": finish}
         return {**self._head("chat.completion.chunk" if self.chat else "text_completion"), "choices": [choice]}
 
-    def pieces(self, text: str, end: bool = False) -> list[dict[str, Any]]:
+    def pieces(self, text: str, end: bool = False, logprobs: list[TokenLogprob] | None = None) -> list[dict[str, Any]]:
         """The chunks that stream ``text``, the answer's next piece (``end``: the last; text held back while it
-        could still be a call comes out then). Calls stream as OpenAI streams them: a call's first chunk has its
-        index, id, type and name, the next ones fragments of its arguments."""
+        could still be a call comes out then), with ``logprobs``, its tokens' log probabilities. Calls stream as
+        OpenAI streams them: a call's first chunk has its index, id, type and name, the next ones fragments of its
+        arguments."""
+        if logprobs:
+            self._held.extend(logprobs)
         if not self._reads_calls():
             return [self.chunk(text)] if text else []
         if self._reader is None:

@@ -18,10 +18,11 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import logging
+import math
 import re
 import sys
 import threading
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -107,6 +108,16 @@ def check_grammar(vocab: Any, grammar: Any) -> None:
     llama_cpp.llama_sampler_free(grammar_sampler(vocab, grammar))
 
 
+class PlainChain(_internals.LlamaSampler):
+    """llama-cpp-python's sampler chain, with what the sequence asked to be told of each token it samples:
+    ``top_logprobs`` (None: nothing) and the (logprob, alternatives) records not yet taken, oldest first."""
+
+    def __init__(self, top_logprobs: int | None = None) -> None:
+        super().__init__()
+        self.top_logprobs = top_logprobs
+        self.logprobs: deque[tuple[float, list[tuple[int, float]]]] = deque()
+
+
 class GrammarChain:
     """A sequence's sampler chain with a grammar beside it, sampled the way llama.cpp's own common sampler does:
     the chain picks a token from the whole vocabulary, the grammar checks that one token, and only when it rejects
@@ -115,8 +126,9 @@ class GrammarChain:
     of one token costs next to nothing. Greedy picks the same token either way (the best one the grammar admits).
     The token is then accepted by both: the grammar's state and the penalty history follow the answer."""
 
-    def __init__(self, chain: Any, grammar: Any, n_vocab: int) -> None:
+    def __init__(self, chain: PlainChain, grammar: Any, n_vocab: int) -> None:
         self.chain, self.grammar, self.n_vocab = chain, grammar, n_vocab
+        self.top_logprobs, self.logprobs = chain.top_logprobs, chain.logprobs
         # llama_token_data {int32 id; float logit; float p} as numpy rows: the candidates filled at C speed
         self._cells = np.zeros(n_vocab, dtype=np.dtype([("id", "<i4"), ("logit", "<f4"), ("p", "<f4")]))
         self._ids = np.arange(n_vocab, dtype=np.int32)
@@ -167,6 +179,20 @@ class GrammarChain:
         self.close()
 
 
+def logprobs_of(ctx: Any, index: int, token: int, top: int, n_vocab: int) -> tuple[float, list[tuple[int, float]]]:
+    """(log probability of ``token``, the ``top`` most likely tokens with theirs, best first) at batch row ``index``:
+    the log-softmax of the model's logits, before any sampler changed them."""
+    logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(ctx, index), shape=(n_vocab,)).astype(np.float64)
+    peak = logits.max()
+    norm = peak + math.log(float(np.exp(logits - peak).sum()))
+    best: list[tuple[int, float]] = []
+    if top:
+        ids = np.argpartition(logits, -top)[-top:]
+        ids = ids[np.argsort(-logits[ids], kind="stable")]
+        best = [(int(i), float(logits[i] - norm)) for i in ids]
+    return float(logits[token] - norm), best
+
+
 def sampler_chain(params: SamplingParams, vocab: Any) -> Any:
     """The one sampler chain of every sequence, single stream or engine slot, built once per request from its
     parameters: repeat penalty over the last REPEAT_LAST_N tokens, then greedy, or top-k, typical (off), top-p,
@@ -180,8 +206,10 @@ def sampler_chain(params: SamplingParams, vocab: Any) -> Any:
     return sampler
 
 
-def _plain_chain(params: SamplingParams, n_vocab: int) -> Any:
-    sampler = _internals.LlamaSampler()
+def _plain_chain(params: SamplingParams, n_vocab: int) -> PlainChain:
+    sampler = PlainChain(params.top_logprobs)
+    if params.logit_bias:  # first, as llama.cpp's common sampler adds it: every sampler after sees the biased logits
+        sampler.add_logit_bias(n_vocab, dict(params.logit_bias))
     sampler.add_penalties(n_vocab=n_vocab, penalty_last_n=REPEAT_LAST_N, penalty_repeat=params.repeat_penalty,
                           penalty_freq=0.0, penalty_present=0.0)
     if params.temperature == 0.0:
@@ -392,10 +420,15 @@ class LlamaCppBackend(LLMBackend):
         check_grammar(self._vocab, grammar)
 
     def sample(self, sampler: Any, index: int = -1) -> int:
-        """Sample from the logits of batch row ``index`` of the last decode (and record it for penalties)."""
+        """Sample from the logits of batch row ``index`` of the last decode (and record it for penalties); when the
+        sequence asked for log probabilities, record the token's and its alternatives' (:func:`logprobs_of`)."""
         if isinstance(sampler, GrammarChain):
-            return sampler.sample(self._ctx.ctx, index)
-        return int(llama_cpp.llama_sampler_sample(sampler.sampler, self._ctx.ctx, index))
+            token = sampler.sample(self._ctx.ctx, index)
+        else:
+            token = int(llama_cpp.llama_sampler_sample(sampler.sampler, self._ctx.ctx, index))
+        if sampler.top_logprobs is not None:
+            sampler.logprobs.append(logprobs_of(self._ctx.ctx, index, token, sampler.top_logprobs, self.n_vocab))
+        return token
 
     def special_text(self, which: str) -> str:
         """The text of the BOS or EOS token, for chat templates."""

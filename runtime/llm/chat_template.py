@@ -177,6 +177,18 @@ def _sandbox() -> type:
 
 
 
+def renders_tools(source: str) -> bool:
+    """Whether a chat template renders a tool list itself (it reads a ``tools`` variable), parsed, never run."""
+    try:
+        from jinja2 import Environment, meta
+    except ImportError:
+        raise missing("jinja2", "llm") from None
+    try:
+        return "tools" in meta.find_undeclared_variables(Environment().parse(source))
+    except Exception:  # a template that does not parse renders nothing, tools included
+        return False
+
+
 class ChatTemplate:
     def __init__(self, source: str, bos: str, eos: str, name: str = "the model") -> None:
         self.name = name

@@ -38,6 +38,18 @@ class Truncation:
     messages_dropped: int = 0
 
 
+@dataclass(frozen=True)
+class TokenLogprob:
+    """A generated token with its log probability and the most likely tokens at its place (``top``: (token, text,
+    logprob), best first): the model's own distribution (runtime.llm.sampling.SamplingParams.top_logprobs)."""
+
+    token: int
+    text: str  # the token's bytes as text (a partial UTF-8 character shows as U+FFFD; ``bytes`` has it exactly)
+    bytes: tuple[int, ...]
+    logprob: float
+    top: tuple[tuple[int, str, float], ...] = ()
+
+
 @dataclass
 class Result:
     text: str
@@ -59,6 +71,7 @@ class Result:
     # speculative decoding in this generation: drafter, enabled, on (the controller's state at the end), steps
     # (verify batches), drafted, accepted, acceptance (accepted / drafted), mean_draft (drafted / steps)
     speculation: dict[str, Any] = field(default_factory=dict)
+    logprobs: list[TokenLogprob] | None = None  # one per generated token, when asked (top_logprobs not None)
 
     @property
     def truncated(self) -> bool:
@@ -153,6 +166,8 @@ class Decoding:
         self._text, self._emitted = "", 0
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self._hold = max((len(s) for s in params.stop), default=1) - 1
+        self.logprobs: list[TokenLogprob] = []
+        self._logprobs_taken = 0
         self.t_start = time.perf_counter()
         self.t_admit = self.t_first = 0.0
 
@@ -170,6 +185,10 @@ class Decoding:
         not end it is appended to :attr:`tokens` (pending: the next step decodes it)."""
         if not self.t_first:
             self.t_first = time.perf_counter()
+        if self.params.top_logprobs is not None and self.sampler is not None and self.sampler.logprobs:
+            logprob, top = self.sampler.logprobs.popleft()  # the sampler's record of this token: sampled in order
+            if not vocab.is_eog(token):
+                self.logprobs.append(_token_logprob(vocab, token, logprob, top))
         if vocab.is_eog(token):
             self.reason = "eos"
             return "", True
@@ -188,6 +207,12 @@ class Decoding:
             return piece, True
         self.tokens.append(token)
         return piece, False
+
+    def take_logprobs(self) -> list[TokenLogprob]:
+        """The tokens' log probabilities recorded since the last call (a stream sends them with its text)."""
+        new = self.logprobs[self._logprobs_taken :]
+        self._logprobs_taken = len(self.logprobs)
+        return new
 
     def shifted(self, dropped: int) -> None:
         """A context shift dropped ``dropped`` cells after the first :attr:`n_keep`: reported, never silent."""
@@ -242,6 +267,7 @@ class Decoding:
             truncations=self.truncations,
             prefix_cache=prefix_cache,
             speculation=self.spec.to_dict(),
+            logprobs=self.logprobs if self.params.top_logprobs is not None else None,
             **extra,
         )
 
@@ -250,6 +276,12 @@ class Decoding:
         sampler, self.sampler = self.sampler, None
         if sampler is not None and hasattr(sampler, "close"):
             sampler.close()
+
+
+def _token_logprob(vocab: Vocab, token: int, logprob: float, top: list[tuple[int, float]]) -> TokenLogprob:
+    raw = vocab.token_bytes(token)
+    alts = tuple((t, vocab.token_bytes(t).decode("utf-8", errors="replace"), lp) for t, lp in top)
+    return TokenLogprob(token, raw.decode("utf-8", errors="replace"), tuple(raw), logprob, alts)
 
 
 def find_stop(text: str, stops: Seq[str], start: int) -> int | None:

@@ -48,10 +48,15 @@ class LanguageModel:
         return SamplingParams.from_defaults(spec.sampling, **overrides)
 
     def check_params(self, params: SamplingParams) -> SamplingParams:
-        """``params`` as a generation of this model can take them: its grammar compiled once (BadInput when it does
-        not compile, before anything is queued or decoded)."""
+        """``params`` as a generation of this model can take them: its grammar compiled once and its logit_bias's
+        tokens in the vocabulary (BadInput otherwise, before anything is queued or decoded)."""
         if params.grammar is not None:
             self.backend.check_grammar(params.grammar)
+        if params.logit_bias:
+            n_vocab = self.backend.n_vocab
+            bad = next((t for t, _ in params.logit_bias if t >= n_vocab), None)
+            if bad is not None:
+                raise BadInput(f"logit_bias names token {bad}; this model's tokens are 0 to {n_vocab - 1}")
         return params
 
     def tokenize(self, text: str, *, special: bool = False) -> list[int]:

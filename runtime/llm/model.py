@@ -157,7 +157,14 @@ class LLM(LanguageModel):
     def stream(self, prompt: str | Sequence[int], params: SamplingParams | None = None) -> Generation:
         return self.start(prompt, params)
 
-    def chat(self, messages: list[dict[str, str]], params: SamplingParams | None = None) -> Generation:
+    def chat(self, messages: list[dict[str, str]], params: SamplingParams | None = None, *,
+             schema: Any = None) -> Generation:
+        """The model's answer to ``messages``; ``schema``: a JSON Schema (a dict) the answer validates against,
+        enforced while decoding (runtime/llm/json_schema.py; BadInput naming what cannot be enforced)."""
         params = params or self.defaults
+        if schema is not None:
+            from runtime.llm.json_schema import schema_grammar
+
+            params = params.with_(grammar=schema_grammar(schema, "schema"))
         prompt = self.fit_chat(messages, params)
         return self.start(prompt.tokens, params, n_keep=prompt.n_keep, truncations=prompt.truncations)

@@ -24,6 +24,10 @@ FLOAT_MAX = 3.4028234663852886e38  # llama.cpp's sampling settings are C floats;
 # caller's own (OpenAI's API takes 4; real stops are markers like "<|im_end|>" or "\nUser:", a few characters).
 MAX_STOPS = 16
 MAX_STOP_CHARS = 256
+MAX_TOP_LOGPROBS = 20  # alternatives reported per token (OpenAI's limit)
+MAX_LOGIT_BIAS = 1024  # tokens one request may bias
+LOGIT_BIAS = 100.0  # a bias is in [-100, 100] (OpenAI's range; -100 bans a token, 100 all but forces it)
+REQUEST_ONLY = ("grammar", "logit_bias", "top_logprobs")  # settings of one request, never a manifest default
 
 
 def _is_int(value: Any) -> bool:
@@ -102,6 +106,11 @@ class SamplingParams:
     seed: int | None = None  # None: a fresh seed per request
     stop: tuple[str, ...] = field(default_factory=tuple)
     grammar: Grammar | None = None  # constrained decoding (runtime.llm.grammar); never a manifest default
+    # (token id, bias) pairs added to the logits before sampling; ids are checked against the vocabulary at admission
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    # report each generated token's log probability and this many alternatives (None: report none); they are the
+    # model's own distribution (the log-softmax of its logits, before bias, penalties, temperature and grammar)
+    top_logprobs: int | None = None
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -109,6 +118,15 @@ class SamplingParams:
                 object.__setattr__(self, f.name, check(f.name, getattr(self, f.name), _flag(f.name)))
         if self.grammar is not None and not isinstance(self.grammar, Grammar):
             raise BadInput(f"grammar must be a runtime.llm.grammar.Grammar, got {type(self.grammar).__name__}")
+        bias = self.logit_bias
+        if not isinstance(bias, tuple) or len(bias) > MAX_LOGIT_BIAS or not all(
+                isinstance(p, tuple) and len(p) == 2 and _is_int(p[0]) and p[0] >= 0 and _is_number(p[1])
+                and -LOGIT_BIAS <= p[1] <= LOGIT_BIAS for p in bias):
+            raise BadInput(f"logit_bias must be at most {MAX_LOGIT_BIAS} (token id, bias) pairs, each bias in "
+                           f"[-{LOGIT_BIAS:g}, {LOGIT_BIAS:g}]")
+        n = self.top_logprobs
+        if n is not None and (not _is_int(n) or not 0 <= n <= MAX_TOP_LOGPROBS):
+            raise BadInput(f"top_logprobs must be an integer in [0, {MAX_TOP_LOGPROBS}], got {_shown(n)}")
 
     @classmethod
     def check_defaults(cls, defaults: Any, where: str) -> dict[str, Any]:
@@ -125,9 +143,9 @@ class SamplingParams:
                       **overrides: Any) -> SamplingParams:
         """Manifest defaults (checked, errors name ``where``), then explicit overrides (None means 'not given')."""
         base = cls.check_defaults(defaults, where)
-        unknown = sorted(set(overrides) - RULES.keys() - {"grammar"})
+        unknown = sorted(set(overrides) - RULES.keys() - set(REQUEST_ONLY))
         if unknown:
-            raise TypeError(f"unknown sampling settings {unknown} (valid: {', '.join(RULES)}, grammar)")
+            raise TypeError(f"unknown sampling settings {unknown} (valid: {', '.join([*RULES, *REQUEST_ONLY])})")
         base.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**base)
 

@@ -226,7 +226,7 @@ class Loop:
             piece, done = seq.accept(token, self.backend)
             self.decoded += 1
             if piece:
-                seq.handle._push(Event("text", piece))
+                seq.handle._push(Event("text", piece, logprobs=seq.take_logprobs()))
             if done:
                 break
             if in_cache:
@@ -269,7 +269,7 @@ class Loop:
             slot.kv.save_prefix()  # (it supersedes the prompt's entry: runtime/llm/prefix_cache.py)
         piece, result = seq.engine_result(self.backend.slot_ctx, self.plan.kv_type.value, self.cache.stats())
         if piece:
-            seq.handle._push(Event("text", piece))
+            seq.handle._push(Event("text", piece, logprobs=seq.take_logprobs()))
         self.finished += 1
         self.scheduler.note_served(max(0.0, time.perf_counter() - seq.t_admit))
         seq.handle._push(Event("done", result=result))

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from runtime.errors import EdgerunError
-from runtime.llm.decoding import Result, Truncation
+from runtime.llm.decoding import Result, TokenLogprob, Truncation
 from runtime.llm.sampling import SamplingParams
 from runtime.serving.scheduler import Job, Priority
 
@@ -53,6 +53,7 @@ class EngineResult(Result):
 class Event:
     kind: Literal["text", "done", "error"]
     text: str = ""
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # the log probabilities of this text's tokens, if asked
     result: EngineResult | None = None
     error: EdgerunError | None = None
 

@@ -20,6 +20,7 @@ def _chat(**extra: object) -> api.GenArgs:
 @pytest.mark.parametrize("extra", [
     {"n": None}, {"n": 1}, {"best_of": None}, {"echo": False}, {"logprobs": False}, {"logprobs": None},
     {"top_logprobs": 0}, {"tools": []}, {"tools": None}, {"logit_bias": {}}, {"logit_bias": None},
+    {"logprobs": True, "top_logprobs": 20}, {"logit_bias": {"50": -100, "7": 2.5}}, {"tool_choice": "none"},
     {"response_format": {"type": "text"}}, {"user": "u-1"}, {"metadata": {"a": "b"}}, {"store": False},
     {"unknown_field": 1},
 ])
@@ -28,13 +29,34 @@ def test_fields_that_change_nothing_are_accepted(extra: dict) -> None:
 
 
 @pytest.mark.parametrize("extra", [
-    {"n": 2}, {"n": True}, {"n": 1.0}, {"best_of": 3}, {"echo": True}, {"logprobs": True}, {"top_logprobs": 3},
-    {"tools": [{"type": "function", "function": {"name": "f"}}]}, {"logit_bias": {"50256": -100}},
+    {"n": 2}, {"n": True}, {"n": 1.0}, {"best_of": 3}, {"echo": True}, {"functions": [{"name": "f"}]},
 ])
 def test_fields_this_server_cannot_honour_are_refused_by_name(extra: dict) -> None:
     (name,) = extra
     with pytest.raises(BadInput, match=f"^{name}: "):
         _chat(**extra)
+
+
+@pytest.mark.parametrize("extra, match", [
+    ({"logprobs": 1}, "^logprobs must be true or false"), ({"top_logprobs": 3}, "^top_logprobs needs logprobs: true"),
+    ({"logprobs": True, "top_logprobs": 21}, "^top_logprobs must be an integer from 0 to 20"),
+    ({"logit_bias": {"x": 1}}, "^logit_bias 'x'"), ({"logit_bias": {"5": 101}}, "^logit_bias '5'"),
+    ({"logit_bias": {"5": True}}, "^logit_bias '5'"), ({"logit_bias": [1]}, "^logit_bias must be an object"),
+])
+def test_bad_logprobs_and_logit_bias_are_refused_in_one_line(extra: dict, match: str) -> None:
+    with pytest.raises(BadInput, match=match):
+        _chat(**extra)
+
+
+def test_logprobs_and_logit_bias_reach_the_sampling_settings() -> None:
+    assert _chat(logprobs=True).sampling["top_logprobs"] == 0
+    assert _chat(logprobs=True, top_logprobs=5).sampling["top_logprobs"] == 5
+    assert "top_logprobs" not in _chat(logprobs=False).sampling
+    assert _chat(logit_bias={"9": 1, "3": -100}).sampling["logit_bias"] == ((3, -100.0), (9, 1.0))
+    done = api.parse_completion({"model": "m", "prompt": "x", "logprobs": 2}, CAP)
+    assert done.sampling["top_logprobs"] == 2
+    with pytest.raises(BadInput, match="^logprobs must be an integer from 0 to 5"):
+        api.parse_completion({"model": "m", "prompt": "x", "logprobs": 6}, CAP)
 
 
 def test_max_completion_tokens_is_max_tokens_and_errors_name_it() -> None:

@@ -140,3 +140,52 @@ def test_markers_in_user_text_never_become_calls(client: OpenAI) -> None:
             assert message.tool_calls is None
         for call in message.tool_calls or ():  # a call under auto is the grammar's, never text copied from the user
             _valid(call.function.name, call.function.arguments)
+
+
+def test_logprobs_whole_and_streamed_and_logit_bias(client: OpenAI, smollm) -> None:
+    import math
+
+    messages = [{"role": "user", "content": "Name a color."}]
+    whole = client.chat.completions.create(model="default", messages=messages, max_tokens=6, temperature=0,
+                                           logprobs=True, top_logprobs=3, extra_headers=NO_STORE)
+    content = whole.choices[0].logprobs.content
+    assert "".join(t.token for t in content) == whole.choices[0].message.content
+    assert len(content) == whole.usage.completion_tokens
+    for tok in content:
+        assert tok.logprob <= 0 and len(tok.top_logprobs) == 3
+        assert [t.logprob for t in tok.top_logprobs] == sorted((t.logprob for t in tok.top_logprobs), reverse=True)
+        assert bytes(tok.bytes).decode() == tok.token
+    first = content[0]
+    banned = client.chat.completions.create(  # ban the greedy first token: the answer starts otherwise
+        model="default", messages=messages, max_tokens=6, temperature=0, extra_headers=NO_STORE, logprobs=True,
+        logit_bias={str(_token_id(smollm, first.token)): -100})
+    assert banned.choices[0].logprobs.content[0].token != first.token
+    stream = client.chat.completions.create(model="default", messages=messages, max_tokens=6, temperature=0,
+                                            logprobs=True, top_logprobs=1, stream=True, extra_headers=NO_STORE)
+    streamed = [t for chunk in stream for c in chunk.choices if c.logprobs for t in c.logprobs.content]
+    assert [(t.token, round(t.logprob, 4)) for t in streamed] == [(t.token, round(t.logprob, 4)) for t in content]
+    done = client.completions.create(model="default", prompt="The sky is", max_tokens=4, temperature=0, logprobs=2,
+                                     extra_headers=NO_STORE)
+    lp = done.choices[0].logprobs
+    assert "".join(lp.tokens) == done.choices[0].text and len(lp.top_logprobs[0]) == 2
+    assert lp.text_offset[0] == 0 and all(not math.isnan(x) for x in lp.token_logprobs)
+
+
+def _token_id(model, token: str) -> int:
+    import llama_cpp
+
+    vocab = llama_cpp.Llama(str(model.path()), vocab_only=True, verbose=False)
+    (tid,) = vocab.tokenize(token.encode(), add_bos=False, special=False)
+    return tid
+
+
+def test_models_say_what_each_can_do(client: OpenAI) -> None:
+    from runtime.llm.chat_template import renders_tools
+
+    card = client.models.retrieve("default").model_dump()
+    assert {"chat", "tools", "json_schema", "logprobs"} <= set(card["capabilities"])
+    assert card["chat_template"] == {"present": True, "tools_in_template": False}  # SmolLM2's renders roles only
+    listed = {m.id: m.model_dump() for m in client.models.list()}
+    assert listed["default"]["capabilities"] == card["capabilities"]
+    assert renders_tools("{% if tools %}{% for t in tools %}{{ t | tojson }}{% endfor %}{% endif %}")
+    assert not renders_tools("{% for m in messages %}{{ m.content }}{% endfor %}") and not renders_tools("{% if")

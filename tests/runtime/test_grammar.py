@@ -59,6 +59,14 @@ def test_json_object_mode_gives_an_object(llms) -> None:
         assert isinstance(json.loads(result.text), dict)
 
 
+def test_chat_takes_a_schema_in_python(llms) -> None:
+    llm = llms["smollm"]
+    result = llm.chat(ASK, llm.params(temperature=0.0, max_tokens=160), schema=LIGHT).finish()
+    jsonschema.validate(json.loads(result.text), LIGHT)
+    with pytest.raises(BadInput, match=r"^schema\.properties\.x\.pattern"):
+        llm.chat(ASK, schema={"type": "object", "properties": {"x": {"type": "string", "pattern": "a"}}})
+
+
 def test_greedy_output_is_the_same_with_speculation_on_and_off(llms) -> None:
     llm = llms["smollm"]
     params = llm.params(temperature=0.0, max_tokens=120, grammar=schema_grammar(LIGHT))
