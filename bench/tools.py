@@ -10,7 +10,9 @@ Both servers as their users run them: edgerun serve with its defaults (prefix ca
 the llama.cpp that llama-cpp-python vendors (bench/build_llama_server.sh) with ``--jinja`` (its tool-call support:
 the GGUF's template, or its generic JSON format when the template has no tools, grammar-constrained), prompt cache
 on (its default), flash attention on (``-fa on``), one slot each, 2 threads. Requests alternate A, B, A, B over
-every case, ``--repeats`` passes; time ratios are the median of per-pair ratios with their spread.
+every case once (accuracy: greedy, so a pass is the answer), then ``--repeats`` passes in all over the first
+``--timing-cases`` cases; time ratios are the median of per-pair ratios with their spread. ``max_tokens`` is 150,
+Home Assistant's OpenAI integration's default.
 
 Reported per server: schema-valid calls (a call whose name is a tool and whose arguments validate, jsonschema),
 answers that are not calls, exact-match calls (the first call equals the expected one or an also-accepted one:
@@ -43,7 +45,7 @@ DATA = ROOT / "bench" / "home_control.json"
 OUT = ROOT / "bench" / "results" / "tools.json"
 THREADS = 2
 CTX = 8192
-MAX_TOKENS = 256
+MAX_TOKENS = 150  # Home Assistant's OpenAI integration's default (RECOMMENDED_MAX_TOKENS)
 NAME = "bench"
 
 
@@ -89,9 +91,11 @@ def judge(calls: list[dict], case: dict, schemas: dict[str, dict]) -> dict:
     return {"call": bool(calls), "valid": valid, "exact": exact}
 
 
-def ask(client: httpx.Client, base: str, data: dict, utterance: str) -> dict:
-    """One streamed request as HA sends it: (calls, text, TTFT s, time to the whole answer s, decoded tokens)."""
+def ask(client: httpx.Client, base: str, data: dict, utterance: str, choice: str = "auto") -> dict:
+    """One streamed request as HA sends it (``choice``: its tool_choice; HA leaves it to the model, auto): calls,
+    text, TTFT s, time to the whole answer s, decoded tokens."""
     body = {"model": NAME, "stream": True, "temperature": 0, "max_tokens": MAX_TOKENS, "tools": data["tools"],
+            "tool_choice": choice,
             "messages": [{"role": "system", "content": data["system_prompt"]}, {"role": "user", "content": utterance}],
             "stream_options": {"include_usage": True}}
     calls: dict[int, dict] = {}
@@ -158,7 +162,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="default")
     ap.add_argument("--servers", nargs="+", default=["edgerun", "llama-server"])
-    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--repeats", type=int, default=5, help="passes over the timing cases (the first pass: all cases)")
+    ap.add_argument("--timing-cases", type=int, default=12, help="cases the later passes repeat, for paired timings")
     ap.add_argument("--cases", type=int, default=None, help="the first N cases only (a quick look)")
     ap.add_argument("--no-grammar-cost", action="store_true")
     ap.add_argument("--out", type=Path, default=OUT)
@@ -184,35 +189,48 @@ def main() -> int:
             with httpx.Client(trust_env=False) as client:
                 for srv in running.values():  # warm: the system prompt and tools into each prompt cache
                     ask(client, srv.base, data, cases[0]["utterance"])
-                for rep in range(args.repeats):
-                    for i, case in enumerate(cases):
+                # auto (what HA sends) once over every case; required (a call forced: the arguments' quality
+                # and the time to a whole call, on both sides) over every case, then repeated on the timing cases
+                passes = [("auto", cases)] + [("required", cases if rep == 0 else cases[: args.timing_cases])
+                                              for rep in range(args.repeats)]
+                for rep, (choice, todo) in enumerate(passes):
+                    for i, case in enumerate(todo):
                         order = list(running.items()) if (rep + i) % 2 == 0 else list(running.items())[::-1]
                         for name, srv in order:  # A, B then B, A: neither always goes first
-                            out = ask(client, srv.base, data, case["utterance"])
-                            rows[name].append({"rep": rep, "case": i, **out, **judge(out["calls"], case, schemas)})
-                    print(f"  pass {rep + 1}/{args.repeats} done", flush=True)
+                            try:
+                                out = ask(client, srv.base, data, case["utterance"], choice)
+                            except httpx.HTTPError as exc:
+                                raise RuntimeError(f"{name} failed on case {i} ({choice}): {exc}; log: {srv.tail(8)}") from None
+                            rows[name].append({"rep": rep, "choice": choice, "case": i, **out,
+                                               **judge(out["calls"], case, schemas)})
+                    print(f"  pass {rep + 1}/{len(passes)} ({choice}) done", flush=True)
         finally:
             for srv in running.values():
                 srv.stop()
 
-    summary = {}
+    summary: dict[str, dict] = {}
     for name, got in rows.items():
-        first = [r for r in got if r["rep"] == 0]
-        called = [r for r in first if r["call"]]
-        timed_calls = [r["total_s"] * 1000 for r in got if r["call"]]
-        summary[name] = {
-            "cases": len(first), "calls": len(called),
-            "schema_valid_pct": 100.0 * sum(r["valid"] for r in called) / len(called) if called else None,
-            "exact_pct": 100.0 * sum(r["exact"] for r in first) / len(first) if first else None,
-            "ttft_ms": {"p50": _p([r["ttft_s"] * 1000 for r in got], 50), "p95": _p([r["ttft_s"] * 1000 for r in got], 95)},
-            "call_ms": {"p50": _p(timed_calls, 50), "p95": _p(timed_calls, 95)},
-            "stable_across_repeats": all(r["calls"] == next(x["calls"] for x in first if x["case"] == r["case"]) for r in got),
-        }
+        for choice, rep in (("auto", 0), ("required", 1)):
+            first = [r for r in got if r["rep"] == rep]
+            called = [r for r in first if r["call"]]
+            timed = [r for r in got if r["choice"] == choice and r["case"] < args.timing_cases]
+            timed_calls = [r["total_s"] * 1000 for r in timed if r["call"]]
+            summary[f"{name} {choice}"] = {
+                "cases": len(first), "calls": len(called),
+                "schema_valid_pct": 100.0 * sum(r["valid"] for r in called) / len(called) if called else None,
+                "exact_pct": 100.0 * sum(r["exact"] for r in first) / len(first) if first else None,
+                "ttft_ms": {"p50": _p([r["ttft_s"] * 1000 for r in timed], 50),
+                            "p95": _p([r["ttft_s"] * 1000 for r in timed], 95)},
+                "call_ms": {"p50": _p(timed_calls, 50), "p95": _p(timed_calls, 95)},
+                "stable_across_repeats": all(r["calls"] == next(x["calls"] for x in first if x["case"] == r["case"])
+                                             for r in timed if r["rep"] > rep),
+            }
     pairs = {}
     if len(rows) == 2:
         a, b = list(rows)
-        for key in ("ttft_s", "total_s"):
-            ratios = [x[key] / y[key] for x, y in zip(rows[a], rows[b], strict=True) if y[key] > 0]
+        for key in ("ttft_s", "total_s"):  # required passes on the timing cases: a call on both sides
+            ratios = [x[key] / y[key] for x, y in zip(rows[a], rows[b], strict=True)
+                      if y[key] > 0 and x["choice"] == "required" and x["case"] < args.timing_cases]
             pairs[key] = {"ratio": f"{a}/{b}", "median": statistics.median(ratios), "min": min(ratios),
                           "max": max(ratios), "pairs": len(ratios)}
     cost = None if args.no_grammar_cost else grammar_cost(args.model, data, cases[: min(len(cases), 20)])
@@ -224,11 +242,11 @@ def main() -> int:
     args.out.write_text(json.dumps(report, indent=1))
 
     print(f"\nTool calls, {len(cases)} Home Assistant utterances x {args.repeats}, {args.model}, {THREADS} threads")
-    print(f"{'server':<14}{'calls':>7}{'valid %':>9}{'exact %':>9}{'TTFT p50':>10}{'p95':>8}{'call p50':>10}{'p95':>8}")
+    print(f"{'server, tool_choice':<24}{'calls':>7}{'valid %':>9}{'exact %':>9}{'TTFT p50':>10}{'p95':>8}{'call p50':>10}{'p95':>8}")
     for name, s in summary.items():
         def f(v):
             return "-" if v is None else f"{v:.0f}"
-        print(f"{name:<14}{s['calls']:>7}{f(s['schema_valid_pct']):>9}{f(s['exact_pct']):>9}{f(s['ttft_ms']['p50']):>10}"
+        print(f"{name:<24}{s['calls']:>7}{f(s['schema_valid_pct']):>9}{f(s['exact_pct']):>9}{f(s['ttft_ms']['p50']):>10}"
               f"{f(s['ttft_ms']['p95']):>8}{f(s['call_ms']['p50']):>10}{f(s['call_ms']['p95']):>8}")
     for key, p in pairs.items():
         print(f"{key} {p['ratio']}: median {p['median']:.3f} ({p['min']:.3f}-{p['max']:.3f}, {p['pairs']} pairs)")

@@ -172,26 +172,30 @@ class Tools:
         return tuple((i, t) for i, t in enumerate(self.tools) if t.name == self.choice)
 
     def grammar(self) -> Grammar | None:
-        """The grammar of the answers ``choice`` allows (None for ``none``)."""
+        """The grammar of the answers ``choice`` allows (None for ``none``), built once."""
         if not self.calls:
             return None
-        return _grammar(self)
+        if "_grammar" not in self.__dict__:
+            object.__setattr__(self, "_grammar", _grammar(self))  # frozen: the one cached field
+        return self.__dict__["_grammar"]
 
     def instructions(self) -> str:
         """The system prompt's tool section (the format above, worded as SmolLM2's tool training data words it)."""
         listed = "[" + ", ".join(t.line() for t in self.tools) + "]"
         if self.choice == Choice.AUTO:
-            task = ("Based on the question, make one or more function calls if they serve its purpose; if none of the "
-                    "functions can be used, answer in plain text instead.")
+            task = ("Based on the question, call functions if they serve its purpose; if none of them can be used, "
+                    "answer in plain text instead.")
         elif self.choice == Choice.REQUIRED:
-            task = "Based on the question, you must make one or more function calls to achieve its purpose."
+            task = "Based on the question, you must call functions to achieve its purpose."
         else:
             task = f"Based on the question, you must call the function {self.choice}."
-        count = "one or more function calls" if self.parallel and self.choice in tuple(Choice) else "exactly one call"
-        return (f"You are given a question and a set of possible functions. {task}\n"
+        count = "one or more calls, in the one list" if self.parallel and self.choice in tuple(Choice) else "exactly one call"
+        # what depends on the choice comes last: requests with the same tools share the rest as a cached prefix
+        return (f"You are given a question and a set of possible functions.\n"
                 f"You have access to the following tools:\n{TOOLS_OPEN}{listed}{TOOLS_CLOSE}\n"
-                f"To call functions, the output must be {count} in this format, and no other text:\n"
-                f'{CALL_OPEN}[\n{_NAME}func_name1{_ARGS}{{"argument1": "value1", "argument2": "value2"}}}}\n]{CALL_CLOSE}')
+                f"To call functions, the output must be in this format, and no other text:\n"
+                f'{CALL_OPEN}[\n{_NAME}func_name1{_ARGS}{{"argument1": "value1", "argument2": "value2"}}}}\n]{CALL_CLOSE}\n'
+                f"{task} Make {count}.")
 
 
 def _grammar(tools: Tools) -> Grammar:

@@ -1,10 +1,15 @@
-"""Validity at scale: 200 requests per schema family (nested objects, enums, arrays, number ranges, required,
+"""Validity at scale: requests per schema family (nested objects, enums, arrays, number ranges, required,
 additionalProperties false), each a different prompt and seed, greedy and at temperature 1, on SmolLM2-135M and
-Gemma 3 270M, all through an engine's slots at once; every answer ends and validates with ``jsonschema``."""
+Gemma 3 270M, all through an engine's slots at once; every answer ends and validates with ``jsonschema``.
+
+The issue's count is 200 per family, model and temperature: 4,800 requests, about 12 minutes per model on the
+2-core CI machine (SmolLM2: 689 s, 0 invalid). The CI tier runs :data:`CI_REQUESTS` per family (the same code, the
+same families); ``EDGERUN_VALIDITY_REQUESTS=200`` runs the full count (docs/serving.md has its results)."""
 
 from __future__ import annotations
 
 import json
+import os
 import random
 
 import jsonschema
@@ -12,7 +17,8 @@ import pytest
 
 from runtime.llm.json_schema import schema_grammar
 
-REQUESTS = 200  # per schema family, per model, per temperature
+CI_REQUESTS = 20
+REQUESTS = int(os.environ.get("EDGERUN_VALIDITY_REQUESTS", CI_REQUESTS))  # per schema family, model and temperature
 FAMILIES = {
     "nested": {"type": "object", "required": ["user"], "properties": {"user": {
         "type": "object", "required": ["name", "age"], "properties": {
