@@ -101,8 +101,9 @@ def ask(client: httpx.Client, base: str, data: dict, utterance: str, choice: str
     calls: dict[int, dict] = {}
     text, ttft, tokens, finish = "", None, 0, None
     t0 = time.perf_counter()
-    with client.stream("POST", base + "/v1/chat/completions", json=body, headers={"Cache-Control": "no-store"},
-                       timeout=600) as r:
+    # a fresh connection each time: llama-server drops a keep-alive connection left idle while the other one answers
+    with client.stream("POST", base + "/v1/chat/completions", json=body,
+                       headers={"Cache-Control": "no-store", "Connection": "close"}, timeout=600) as r:
         if r.status_code != 200:
             raise RuntimeError(f"HTTP {r.status_code}: {r.read()[:300]!r}")
         for line in r.iter_lines():

@@ -84,6 +84,9 @@ async def _attempt(state: ServerState, call: Call, outcome: Outcome, receive: Re
         outcome.version = f"{served}@{_model_version(model)}"
         svc = state.service(served, model)
         params = svc.params(**args.sampling)
+        messages, specs = args.messages, None
+        if args.tooled:  # the model's tool format (its own template's, or edgerun's) and the calls' grammar
+            messages, specs, params = await run_in_threadpool(svc.engine.tool_chat, messages, args.tools, params)
         cache_key = _cache_key(state, call, outcome, params, _model_version(model))
         if state.stopping.is_set():
             raise api.ShuttingDown("the server is shutting down; try again")
@@ -93,7 +96,7 @@ async def _attempt(state: ServerState, call: Call, outcome: Outcome, receive: Re
             lease.close()
             return _replay(api.Reply(call.chat, call.id, call.model, outcome.version, call.args.tools), call, hit, outcome,
                            {"X-Edgerun-Priority": call.priority.name.lower()})
-        handle, truncations = await _submit(svc, call, params, receive)
+        handle, truncations = await _submit(svc, call, params, receive, messages, specs)
     except BaseException as exc:
         lease.close()
         outcome.finish(error=exc)
@@ -116,7 +119,8 @@ async def _attempt(state: ServerState, call: Call, outcome: Outcome, receive: Re
     return await run.whole(reply, first, headers)
 
 
-async def _submit(svc: EngineService, call: Call, params: SamplingParams, receive: Receive) -> tuple[Any, list[Any]]:
+async def _submit(svc: EngineService, call: Call, params: SamplingParams, receive: Receive,
+                  messages: list[dict[str, Any]] | None, tools: list[dict[str, Any]] | None) -> tuple[Any, list[Any]]:
     """``svc.submit`` in a worker thread; fitting a conversation to the context stops between its renderings once
     the client has gone (Cancelled) or the deadline has passed (DeadlineExceeded). A handle submitted before the
     client's going was noticed is returned: its first event sees the disconnect and cancels it."""
@@ -129,8 +133,8 @@ async def _submit(svc: EngineService, call: Call, params: SamplingParams, receiv
             raise DeadlineExceeded("the request's deadline passed while its conversation was fitted to the context")
 
     work = asyncio.ensure_future(run_in_threadpool(
-        svc.submit, messages=args.messages, prompt=args.prompt, params=params, priority=call.priority, deadline=deadline,
-        truncate=args.truncate, interrupt=interrupt))
+        svc.submit, messages=messages, prompt=args.prompt, params=params, priority=call.priority, deadline=deadline,
+        truncate=args.truncate, interrupt=interrupt, tools=tools))
     watch = asyncio.ensure_future(disconnected(receive))
     try:
         await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)

@@ -22,9 +22,9 @@ class EngineService:
     def params(self, **overrides: Any) -> SamplingParams:
         return self.engine.params(**overrides)
 
-    def submit(self, *, messages: list[dict[str, str]] | None, prompt: str | None, params: SamplingParams,
-               priority: Any, deadline: float | None, truncate: bool, interrupt: Callable[[], None] | None = None
-               ) -> tuple[Any, list[Truncation]]:
+    def submit(self, *, messages: list[dict[str, Any]] | None, prompt: str | None, params: SamplingParams,
+               priority: Any, deadline: float | None, truncate: bool, interrupt: Callable[[], None] | None = None,
+               tools: list[dict[str, Any]] | None = None) -> tuple[Any, list[Truncation]]:
         """(a handle whose ``aevents()`` yields the answer, the truncations made to fit the prompt: turns dropped
         and the engine's cut).
         QueueFull when the priority class's queue is full; BadInput for a prompt that does not fit (unless
@@ -34,7 +34,7 @@ class EngineService:
         if messages is not None:
             # the fit is decided once: turns dropped only when asked, else refused before any is (runtime.llm.chat)
             req = self.engine.chat_request(messages, params, interrupt=interrupt, priority=priority, deadline=deadline,
-                                           truncate=truncate)
+                                           truncate=truncate, tools=tools)
         else:
             req = GenRequest(self.engine.tokenize(prompt), params, priority=priority, deadline=deadline, truncate=truncate)
         handle = self.engine.submit(req)  # refuses a prompt that does not fit unless truncate

@@ -1,15 +1,17 @@
 """OpenAI's request and response shapes: bodies checked into :class:`GenArgs`, results turned back into JSON.
 
 Checks name the JSON field and what is valid, as OpenAI's own 400s do. Fields OpenAI clients send that change
-nothing here (``user``, ``logit_bias`` of ``{}``, unknown ones...) are ignored; fields that would change the answer
-in a way this server cannot honour (``n`` > 1, ``logprobs``, tools, ``logit_bias``) are refused rather than silently
-dropped. ``response_format`` (``json_object``, ``json_schema``) and edgerun's own ``grammar`` (GBNF) constrain decoding
-(runtime/llm/grammar.py): the answer is valid by construction, not checked afterwards. ``max_completion_tokens``
+nothing here (``user``, unknown ones...) are ignored; fields that would change the answer in a way this server cannot
+honour (``n`` > 1, ``best_of``, ``echo``, legacy ``functions``) are refused rather than silently dropped.
+``response_format`` (``json_object``, ``json_schema``), edgerun's own ``grammar`` (GBNF) and ``tools`` constrain
+decoding (runtime/llm/grammar.py, runtime/llm/tools.py): the answer is valid by construction, not checked
+afterwards. ``logprobs``, ``top_logprobs`` and ``logit_bias`` are the sampler chain's. ``max_completion_tokens``
 (newer clients) is ``max_tokens``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import re
@@ -28,7 +30,7 @@ from runtime.llm.grammar import JSON_OBJECT, Grammar, gbnf
 from runtime.llm.json_schema import schema_grammar
 from runtime.llm.sampling import LOGIT_BIAS, MAX_LOGIT_BIAS, MAX_TOP_LOGPROBS, check
 from runtime.llm.tools import NAME as TOOL_NAME
-from runtime.llm.tools import CallReader, ToolCall, Tools, tool_messages
+from runtime.llm.tools import CallReader, ToolCall, Tools
 from runtime.serving.safety import Blocked
 
 SAMPLING_KEYS = ("max_tokens", "temperature", "top_p", "seed", "stop")
@@ -67,13 +69,17 @@ class GenArgs:
     truncate: bool = False  # a prompt that does not fit: drop its oldest part instead of refusing it
     priority: str | None = None
     deadline_ms: int | None = None
-    messages: list[dict[str, str]] | None = None  # chat (tool calls and results in the tool format: runtime/llm/tools.py)
+    messages: list[dict[str, Any]] | None = None  # chat: role, content (text); tool_calls, tool_call_id
     prompt: str | None = None  # completions
     tools: Tools | None = None  # chat: the tools the answer may call (read back as calls unless tool_choice is none)
+    tooled: bool = False  # chat: tools, or tool calls and results in the history (put in the model's tool format)
 
     def cache_payload(self) -> dict[str, Any]:
-        calls = self.tools is not None and self.tools.calls
-        return {"messages": self.messages, "prompt": self.prompt, "truncate": self.truncate, "calls": calls}
+        messages = [{**m, "tool_calls": [dataclasses.astuple(c) for c in m["tool_calls"]]} if "tool_calls" in m else m
+                    for m in self.messages or []]
+        tools = [dataclasses.astuple(t) for t in self.tools.tools] if self.tools is not None else None
+        choice = (self.tools.choice, self.tools.parallel) if self.tools is not None else None
+        return {"messages": messages, "prompt": self.prompt, "truncate": self.truncate, "tools": tools, "choice": choice}
 
 
 def _no_constant(name: str) -> Any:
@@ -305,10 +311,8 @@ def parse_chat(data: dict[str, Any], max_tokens_cap: int) -> GenArgs:
     if len(messages) > MAX_MESSAGES:  # before any work per message: fitting a chat renders and tokenizes each one
         raise _messages_error(f"messages: {len(messages)} messages; at most {MAX_MESSAGES} are accepted")
     args.tools = Tools.parse(data.get("tools"), data.get("tool_choice"), data.get("parallel_tool_calls"))
-    if args.tools is not None and args.tools.calls:
-        if "grammar" in args.sampling:
-            raise BadInput("tools and response_format (or grammar) both constrain the answer: give one of them")
-        args.sampling["grammar"] = args.tools.grammar()
+    if args.tools is not None and args.tools.calls and "grammar" in args.sampling:
+        raise BadInput("tools and response_format (or grammar) both constrain the answer: give one of them")
     out: list[dict[str, Any]] = []
     tooled = args.tools is not None
     for i, msg in enumerate(messages):
@@ -332,13 +336,13 @@ def parse_chat(data: dict[str, Any], max_tokens_cap: int) -> GenArgs:
             entry["tool_call_id"] = cid
             tooled = True
         out.append(entry)
-    plain = tool_messages(out, args.tools) if tooled else out
-    if plain[-1]["role"] != "user":
+    if out[-1]["role"] not in ("user", "tool"):
         raise BadInput("the last message must come from the user (or be a tool's result)")
-    chars = sum(len(m["content"]) for m in plain)
+    chars = sum(len(m["content"]) for m in out)
     if chars > MAX_CHAT_CHARS:
         raise _messages_error(f"messages: {chars} characters of content; at most {MAX_CHAT_CHARS} are accepted")
-    args.messages = plain
+    args.messages = out
+    args.tooled = tooled
     return args
 
 

@@ -108,6 +108,9 @@ def check_grammar(vocab: Any, grammar: Any) -> None:
     llama_cpp.llama_sampler_free(grammar_sampler(vocab, grammar))
 
 
+GREEDY_PROBE = 64  # tokens a greedy grammar sequence checks one by one after a rejection, before a full pass
+
+
 class PlainChain(_internals.LlamaSampler):
     """llama-cpp-python's sampler chain, with what the sequence asked to be told of each token it samples:
     ``top_logprobs`` (None: nothing) and the (logprob, alternatives) records not yet taken, oldest first."""
@@ -126,8 +129,8 @@ class GrammarChain:
     of one token costs next to nothing. Greedy picks the same token either way (the best one the grammar admits).
     The token is then accepted by both: the grammar's state and the penalty history follow the answer."""
 
-    def __init__(self, chain: PlainChain, grammar: Any, n_vocab: int) -> None:
-        self.chain, self.grammar, self.n_vocab = chain, grammar, n_vocab
+    def __init__(self, chain: PlainChain, grammar: Any, n_vocab: int, *, greedy: bool = False) -> None:
+        self.chain, self.grammar, self.n_vocab, self.greedy = chain, grammar, n_vocab, greedy
         self.top_logprobs, self.logprobs = chain.top_logprobs, chain.logprobs
         # llama_token_data {int32 id; float logit; float p} as numpy rows: the candidates filled at C speed
         self._cells = np.zeros(n_vocab, dtype=np.dtype([("id", "<i4"), ("logit", "<f4"), ("p", "<f4")]))
@@ -152,6 +155,24 @@ class GrammarChain:
         llama_cpp.llama_sampler_apply(self.grammar, ctypes.byref(one))
         return bool(np.isfinite(one.data[0].logit))
 
+    def _best_admitted(self, cur: Any) -> int | None:
+        """Greedy after a rejection: the best token the grammar admits among the :data:`GREEDY_PROBE` most likely,
+        checked one by one in the order greedy picks (logit, then the lower id), or None to fall back on the full
+        pass. ``cur`` holds the chain's logits (penalties applied; greedy reorders nothing), so the token is the one
+        the grammar's pass over the whole vocabulary and greedy would pick, without that pass (262k tokens for
+        Gemma 3): most rejections have an admitted token near the top."""
+        if cur.size != self.n_vocab or cur.sorted:
+            return None
+        cells = self._cells
+        logits = cells["logit"]
+        top = np.argpartition(logits, -GREEDY_PROBE)[-GREEDY_PROBE:]
+        order = top[np.lexsort((cells["id"][top], -logits[top]))]
+        for i in order:
+            token = int(cells["id"][i])
+            if self._admits(token):
+                return token
+        return None
+
     def _apply(self, sampler: Any, cur: Any) -> None:
         llama_cpp.llama_sampler_apply(sampler, ctypes.byref(cur))
         self._moved = self._moved or bool(cur.sorted) or cur.size != self.n_vocab
@@ -161,10 +182,14 @@ class GrammarChain:
         self._apply(self.chain.sampler, cur)
         token = int(cur.data[cur.selected].id)
         if not self._admits(token):
-            cur = self._candidates(ctx, index)
-            self._apply(self.grammar, cur)
-            self._apply(self.chain.sampler, cur)
-            token = int(cur.data[cur.selected].id)
+            best = self._best_admitted(cur) if self.greedy else None
+            if best is not None:
+                token = best
+            else:
+                cur = self._candidates(ctx, index)
+                self._apply(self.grammar, cur)
+                self._apply(self.chain.sampler, cur)
+                token = int(cur.data[cur.selected].id)
         llama_cpp.llama_sampler_accept(self.grammar, token)
         llama_cpp.llama_sampler_accept(self.chain.sampler, token)
         return token
@@ -202,7 +227,7 @@ def sampler_chain(params: SamplingParams, vocab: Any) -> Any:
     n_vocab = int(llama_cpp.llama_vocab_n_tokens(vocab))
     sampler = _plain_chain(params, n_vocab)
     if params.grammar is not None:
-        return GrammarChain(sampler, grammar_sampler(vocab, params.grammar), n_vocab)
+        return GrammarChain(sampler, grammar_sampler(vocab, params.grammar), n_vocab, greedy=params.temperature == 0.0)
     return sampler
 
 

@@ -10,6 +10,7 @@ shifts the cached turns that remain instead of recomputing them.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple, Protocol
@@ -27,22 +28,34 @@ MAX_MESSAGES = 2048  # messages in one chat (OpenAI's own limit): each one is re
 MAX_CHAT_CHARS = 4 << 20  # characters of content in one chat, all messages together
 
 
-def check_messages(messages: Any) -> list[dict[str, str]]:
+def check_messages(messages: Any, *, tool_roles: bool = False) -> list[dict[str, Any]]:
     """``messages`` checked: a non-empty list of at most :data:`MAX_MESSAGES` role/content dicts, at most
-    :data:`MAX_CHAT_CHARS` characters of content in all, the last one the user's (BadInput otherwise)."""
+    :data:`MAX_CHAT_CHARS` characters of content in all, the last one the user's (BadInput otherwise).
+    ``tool_roles``: a template that renders tools reads ``tool`` messages too, and may end with one."""
+    roles = (*ROLES, "tool") if tool_roles else ROLES
     if not isinstance(messages, list) or not messages:
         raise BadInput("a chat needs a non-empty list of messages")
     if len(messages) > MAX_MESSAGES:  # before any per-message work
         raise BadInput(f"a chat of {len(messages)} messages is too long: at most {MAX_MESSAGES} are accepted")
     for i, msg in enumerate(messages):
-        if not isinstance(msg, dict) or msg.get("role") not in ROLES or not isinstance(msg.get("content"), str):
-            raise BadInput(f"message {i} must be {{'role': one of {', '.join(ROLES)}, 'content': text}}, got {msg!r}"[:300])
+        if not isinstance(msg, dict) or msg.get("role") not in roles or not isinstance(msg.get("content"), str):
+            raise BadInput(f"message {i} must be {{'role': one of {', '.join(roles)}, 'content': text}}, got {msg!r}"[:300])
     chars = sum(len(m["content"]) for m in messages)
     if chars > MAX_CHAT_CHARS:
         raise BadInput(f"a chat of {chars} characters of content is too long: at most {MAX_CHAT_CHARS} are accepted")
-    if messages[-1]["role"] != "user":
+    if messages[-1]["role"] not in (("user", "tool") if tool_roles else ("user",)):
         raise BadInput("the last message of a chat must come from the user")
     return messages
+
+
+def _no_control_text(llm: ChatModel, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> None:
+    """A template that renders tools writes tool definitions and call arguments as its own text, where control
+    tokens are parsed: refused when any of them holds one's text (as message content never becomes one)."""
+    data = json.dumps([tools, [m.get("tool_calls") for m in messages]], ensure_ascii=False)
+    found = next((t.text for t in llm.chat_tokenizer.specials if t.control and t.text in data), None)
+    if found is not None:
+        raise BadInput(f"a tool definition or call argument holds the control token {found!r}: refusing rather than "
+                       "letting client text become control tokens")
 
 
 class ChatModel(Protocol):
@@ -68,8 +81,9 @@ class ChatPrompt(NamedTuple):
     truncations: list[Truncation]
 
 
-def fit_chat(llm: ChatModel, messages: list[dict[str, str]], params: SamplingParams,
-             interrupt: Callable[[], None] | None = None, *, truncate: bool = True) -> ChatPrompt:
+def fit_chat(llm: ChatModel, messages: list[dict[str, Any]], params: SamplingParams,
+             interrupt: Callable[[], None] | None = None, *, truncate: bool = True,
+             tools: list[dict[str, Any]] | None = None) -> ChatPrompt:
     """The conversation as the model's prompt; the oldest exchanges dropped when it does not fit, the one
     decision of a chat's fit. Without ``truncate`` a conversation that would lose turns is refused instead, before
     any is dropped (BadInput naming its tokens and the limit); a last message that does not fit alone is left to
@@ -77,14 +91,17 @@ def fit_chat(llm: ChatModel, messages: list[dict[str, str]], params: SamplingPar
 
     ``interrupt``: called before each rendering; it raises to stop the fitting (a deadline passed, the client left).
     """
-    messages = check_messages(list(messages))
+    native = tools is not None or any("tool_calls" in m or m.get("role") == "tool" for m in messages)
+    messages = check_messages(list(messages), tool_roles=native)
+    if native:
+        _no_control_text(llm, messages, tools)
     template = llm.chat_template
     system = [m for m in messages if m["role"] == "system"][:1]
     rest = [m for m in messages if m not in system]
     room = answer_room(params.max_tokens, llm.n_ctx)
     if interrupt is not None:
         interrupt()
-    whole = _tokens(llm, template, system + rest)
+    whole = _tokens(llm, template, system + rest, tools=tools)
     tokens, dropped_msgs = whole, 0
     if len(whole) + room > llm.n_ctx and len(rest) > 1:
         if not truncate:
@@ -94,13 +111,14 @@ def fit_chat(llm: ChatModel, messages: list[dict[str, str]], params: SamplingPar
         # Once turns must go, free a quarter of the context more than needed, so that the
         # next few turns fit without another drop (each drop costs a cache shift).
         limit = llm.n_ctx - llm.n_ctx // 4
-        dropped_msgs, tokens = _fit(lambda start: _tokens(llm, template, system + rest[start:]), rest, room, limit, interrupt)
+        dropped_msgs, tokens = _fit(lambda start: _tokens(llm, template, system + rest[start:], tools=tools), rest, room,
+                                    limit, interrupt)
     truncations = [Truncation("turns", len(whole) - len(tokens), 0, dropped_msgs)] if dropped_msgs else []
     if dropped_msgs:
         log.warning("conversation exceeds the %d-token context: dropped the %d oldest messages", llm.n_ctx, dropped_msgs)
     n_keep = 0
     if system:
-        head = _tokens(llm, template, system, add_generation_prompt=False)
+        head = _tokens(llm, template, system, add_generation_prompt=False, tools=tools)
         n_keep = common_prefix(head, tokens)
     return ChatPrompt(tokens, n_keep, truncations)
 
@@ -146,8 +164,9 @@ def _fit(render: Callable[[int], list[int]], rest: list[dict[str, str]], room: i
     return starts[good], seen[good]
 
 
-def _tokens(llm: ChatModel, template: ChatTemplate, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> list[int]:
-    text, parts, exact = template.render_parts(messages, add_generation_prompt)
+def _tokens(llm: ChatModel, template: ChatTemplate, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+            tools: list[dict[str, Any]] | None = None) -> list[int]:
+    text, parts, exact = template.render_parts(messages, add_generation_prompt, tools)
     add_bos = not (template.bos and text.startswith(template.bos))
     return llm.chat_tokenizer.encode_chat(text, parts, exact, add_bos=add_bos)
 

@@ -21,6 +21,7 @@ content, so that only the former can hold control tokens (runtime/llm/chat_token
 from __future__ import annotations
 
 import functools
+import json
 import re
 import secrets
 import threading
@@ -192,6 +193,7 @@ def renders_tools(source: str) -> bool:
 class ChatTemplate:
     def __init__(self, source: str, bos: str, eos: str, name: str = "the model") -> None:
         self.name = name
+        self.source = source
         self._env = _sandbox()()
         from jinja2 import TemplateSyntaxError
 
@@ -207,15 +209,21 @@ class ChatTemplate:
     def _raise_exception(self, message: str) -> None:
         raise BadInput(f"the chat template of {self.name} refused the conversation: {one_line(Exception(message), 200)}")
 
-    def render(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
-        limit = MAX_TEXT + 4 * sum(len(m["content"]) for m in messages)
+    def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+               tools: list[dict[str, Any]] | None = None) -> str:
+        """The template over ``messages``; ``tools``: the tool list, for a template that renders one itself."""
+        extra = len(json.dumps(tools)) + sum(len(json.dumps(m.get("tool_calls") or [])) for m in messages) if tools or \
+            any("tool_calls" in m for m in messages) else 0
+        limit = MAX_TEXT + 4 * (sum(len(m["content"]) for m in messages) + extra)
+        context = {"tools": tools} if tools is not None else {}
         env = self._env
         env._local.budget = _Budget(limit)
         out: list[str] = []
         size = 0
         try:
             for piece in self._template.generate(
-                messages=messages, add_generation_prompt=add_generation_prompt, bos_token=self.bos, eos_token=self.eos
+                messages=messages, add_generation_prompt=add_generation_prompt, bos_token=self.bos, eos_token=self.eos,
+                **context,
             ):
                 size += len(piece)
                 if size > limit:
@@ -231,7 +239,8 @@ class ChatTemplate:
             env._local.budget = None
         return "".join(out)
 
-    def render_parts(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> tuple[str, list[tuple[str, bool]], bool]:
+    def render_parts(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+                     tools: list[dict[str, Any]] | None = None) -> tuple[str, list[tuple[str, bool]], bool]:
         """The rendering; the same text split into (text, is_content) parts; whether the split is exact.
 
         Each message's content is replaced by a unique placeholder (its leading and
@@ -240,7 +249,7 @@ class ChatTemplate:
         is not exact when that does not give the rendering back: the template rewrites
         content beyond trimming it. The parts' template text is the template's own either way.
         """
-        text = self.render(messages, add_generation_prompt)
+        text = self.render(messages, add_generation_prompt, tools)
         tag = secrets.token_hex(8)
         slot = re.compile(f"\ue000{tag}(\\d+)\ue001")
         masked, cores = [], []
@@ -253,6 +262,6 @@ class ChatTemplate:
             start = content.index(core)
             masked.append({**msg, "content": f"{content[:start]}\ue000{tag}{len(cores)}\ue001{content[start + len(core):]}"})
             cores.append(core)
-        pieces = slot.split(self.render(masked, add_generation_prompt))
+        pieces = slot.split(self.render(masked, add_generation_prompt, tools))
         parts = [(cores[int(p)], True) if i % 2 else (p, False) for i, p in enumerate(pieces) if p]
         return text, parts, "".join(p for p, _ in parts) == text

@@ -108,8 +108,9 @@ def _integers(lo: int, hi: int) -> str:
 
 
 class _Converter:
-    def __init__(self, root: Any, where: str) -> None:
+    def __init__(self, root: Any, where: str, max_string: int | None = None, max_items: int | None = None) -> None:
         self.root, self.where = root, where
+        self.max_string, self.max_items = max_string, max_items  # caps where the schema sets none (tool arguments)
         self.rules: dict[str, str] = {}
         self.refs: dict[str, str] = {}  # "#/$defs/x" -> its rule
         self.nodes = 0
@@ -291,6 +292,10 @@ class _Converter:
         hi = self.count(schema, "maxItems", path, None)
         if hi is not None and hi < lo:
             raise self.fail(f"{path}.maxItems", f"{hi} is under minItems {lo}")
+        if hi is None and self.max_items is not None:  # more items of an enum than it has values repeat one
+            items = schema.get("items")
+            values = items.get("enum") if isinstance(items, dict) else None
+            hi = max(lo, min(self.max_items, len(values)) if isinstance(values, list) and values else self.max_items)
         item = self.visit(schema.get("items", True), f"{path}.items", depth + 1)
         item = self.rule(f"item{path}", item)
         self.primitive("ws")
@@ -315,6 +320,8 @@ class _Converter:
         hi = self.count(schema, "maxLength", path, None)
         if hi is not None and hi < lo:
             raise self.fail(f"{path}.maxLength", f"{hi} is under minLength {lo}")
+        if hi is None and self.max_string is not None:
+            hi = max(lo, self.max_string)
         if lo == 0 and hi is None:
             return self.primitive("string")
         self.primitive("char")
@@ -353,10 +360,12 @@ class _Converter:
 
 class SchemaRules:
     """The rules of several schemas in one grammar (a tool list: one arguments schema per tool). Each schema's
-    ``$ref``s resolve within it; the subschema bound counts them all together."""
+    ``$ref``s resolve within it; the subschema bound counts them all together. ``max_string``, ``max_items``: the
+    length of a string and the items of an array where a schema sets no maximum (an array of enum values: at most as
+    many as the enum has), so that every answer ends; what they admit still validates (a subset of the instances)."""
 
-    def __init__(self) -> None:
-        self._conv = _Converter(None, "the schema")
+    def __init__(self, *, max_string: int | None = None, max_items: int | None = None) -> None:
+        self._conv = _Converter(None, "the schema", max_string, max_items)
 
     def add(self, schema: Any, where: str) -> str:
         """A GBNF expression (a rule name or a parenthesised expression) admitting exactly what the grammar of

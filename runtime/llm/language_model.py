@@ -17,6 +17,7 @@ from runtime.llm.chat import ChatPrompt, fit_chat
 from runtime.llm.chat_template import ChatTemplate
 from runtime.llm.chat_tokens import ChatTokenizer
 from runtime.llm.sampling import SamplingParams
+from runtime.llm.tools import ToolFormat, Tools, prepare, tool_format
 
 
 class TextBackend(Protocol):
@@ -88,7 +89,24 @@ class LanguageModel:
             self._chat_tokenizer = ChatTokenizer(self.backend)
         return self._chat_tokenizer
 
-    def fit_chat(self, messages: list[dict[str, str]], params: SamplingParams | None = None, *,
-                 interrupt: Callable[[], None] | None = None, truncate: bool = True) -> ChatPrompt:
-        """``messages`` as this model's prompt in its context (runtime.llm.chat.fit_chat)."""
-        return fit_chat(self, messages, params or self.defaults, interrupt, truncate=truncate)
+    @property
+    def tool_format(self) -> ToolFormat:
+        """How this model's prompt carries tools (runtime.llm.tools.tool_format of its chat template)."""
+        return tool_format(self.chat_template.source)
+
+    def fit_chat(self, messages: list[dict[str, Any]], params: SamplingParams | None = None, *,
+                 interrupt: Callable[[], None] | None = None, truncate: bool = True,
+                 tools: list[dict[str, Any]] | None = None) -> ChatPrompt:
+        """``messages`` as this model's prompt in its context (runtime.llm.chat.fit_chat); ``tools``: the tool list
+        a template that renders tools renders (runtime.llm.tools.prepare)."""
+        return fit_chat(self, messages, params or self.defaults, interrupt, truncate=truncate, tools=tools)
+
+    def tool_chat(self, messages: list[dict[str, Any]], tools: Tools | None,
+                  params: SamplingParams) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None, SamplingParams]:
+        """A chat with ``tools`` (or tool calls and results in its history) in this model's tool format: (the
+        messages to fit, the tool list its template renders or None, ``params`` with the calls' grammar)."""
+        fmt = self.tool_format
+        prepared, specs = prepare(messages, tools, fmt)
+        if tools is not None and tools.calls:
+            params = params.with_(grammar=tools.grammar(fmt))
+        return prepared, specs, params

@@ -28,6 +28,7 @@ from runtime.llm.plan import KVType, MemoryPlan
 from runtime.llm.prefix_cache import PrefixCache
 from runtime.llm.sampling import SamplingParams
 from runtime.llm.speculative import K_MAX, PromptLookup, Speculator
+from runtime.llm.tools import Tools
 
 __all__ = ["LLM", "Generation", "Result", "Truncation"]
 
@@ -157,14 +158,18 @@ class LLM(LanguageModel):
     def stream(self, prompt: str | Sequence[int], params: SamplingParams | None = None) -> Generation:
         return self.start(prompt, params)
 
-    def chat(self, messages: list[dict[str, str]], params: SamplingParams | None = None, *,
-             schema: Any = None) -> Generation:
+    def chat(self, messages: list[dict[str, Any]], params: SamplingParams | None = None, *,
+             schema: Any = None, tools: Tools | None = None) -> Generation:
         """The model's answer to ``messages``; ``schema``: a JSON Schema (a dict) the answer validates against,
-        enforced while decoding (runtime/llm/json_schema.py; BadInput naming what cannot be enforced)."""
+        enforced while decoding (runtime/llm/json_schema.py; BadInput naming what cannot be enforced); ``tools``:
+        the tools it may call (runtime/llm/tools.py; read the answer with CallReader)."""
         params = params or self.defaults
+        specs = None
+        if tools is not None or any("tool_calls" in m or m.get("role") == "tool" for m in messages):
+            messages, specs, params = self.tool_chat(messages, tools, params)
         if schema is not None:
             from runtime.llm.json_schema import schema_grammar
 
             params = params.with_(grammar=schema_grammar(schema, "schema"))
-        prompt = self.fit_chat(messages, params)
+        prompt = self.fit_chat(messages, params, tools=specs)
         return self.start(prompt.tokens, params, n_keep=prompt.n_keep, truncations=prompt.truncations)

@@ -49,11 +49,17 @@ from runtime.llm.grammar import Grammar, literal
 from runtime.llm.json_schema import SchemaRules
 
 __all__ = ["CALL_CLOSE", "CALL_OPEN", "MAX_PARALLEL", "MAX_TOOLS", "CallDelta", "CallReader", "Choice", "Tool",
-           "ToolCall", "Tools", "defang", "tool_messages"]
+           "ToolCall", "ToolFormat", "Tools", "defang", "prepare", "template_messages", "tool_format", "tool_messages"]
 
 MAX_TOOLS = 128  # OpenAI's own limit on a request's tools
 MAX_PARALLEL = 8  # calls in one answer
 MAX_DESCRIPTION = 4096  # characters of one tool's description
+# In arguments, where a tool's schema sets no maximum: a string's characters and an array's items (an array of enum
+# values: at most as many as the enum has). Home Assistant's schemas set none; greedy, a small model then loops
+# inside a name or a list until max_tokens cuts the call (20 of 74 calls on SmolLM2-135M). The arguments still
+# validate, and a call ends: Home Assistant's names and lists are far shorter.
+ARG_MAX_STRING = 64
+ARG_MAX_ITEMS = 8
 NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")  # OpenAI's rule for a function's name
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
 RESPONSE_OPEN, RESPONSE_CLOSE = "<tool_response>", "</tool_response>"
@@ -67,6 +73,23 @@ def defang(text: str) -> str:
     """``text`` with every marker-like run broken by a zero-width space after its ``<``: still readable, never a
     marker."""
     return _MARKER.sub("<" + _ZWSP, text)
+
+
+class ToolFormat(StrEnum):
+    """How a model's prompt carries tools and its answer writes calls."""
+
+    EDGERUN = "edgerun"  # the format above, inside ordinary messages: any chat template
+    HERMES = "hermes"  # the GGUF's own template renders the tools; a call is <tool_call>\n{...}\n</tool_call>
+
+
+def tool_format(template: str | None) -> ToolFormat:
+    """HERMES for a chat template that renders a ``tools`` list itself and writes calls as ``<tool_call>`` blocks
+    (Qwen 2.5, Hermes, SmolLM3 and their kin), else EDGERUN (a template without tools: both shipped models)."""
+    from runtime.llm.chat_template import renders_tools
+
+    if template and CALL_OPEN in template and renders_tools(template):
+        return ToolFormat.HERMES
+    return ToolFormat.EDGERUN
 
 
 class Choice(StrEnum):
@@ -171,13 +194,18 @@ class Tools:
             return tuple(enumerate(self.tools))
         return tuple((i, t) for i, t in enumerate(self.tools) if t.name == self.choice)
 
-    def grammar(self) -> Grammar | None:
-        """The grammar of the answers ``choice`` allows (None for ``none``), built once."""
+    def grammar(self, fmt: ToolFormat = ToolFormat.EDGERUN) -> Grammar | None:
+        """The grammar of the answers ``choice`` allows in ``fmt`` (None for ``none``), built once per format."""
         if not self.calls:
             return None
-        if "_grammar" not in self.__dict__:
-            object.__setattr__(self, "_grammar", _grammar(self))  # frozen: the one cached field
-        return self.__dict__["_grammar"]
+        built = self.__dict__.setdefault("_grammars", {})  # frozen: a cache beside the fields
+        if fmt not in built:
+            built[fmt] = _grammar(self, fmt)
+        return built[fmt]
+
+    def specs(self) -> list[dict[str, Any]]:
+        """The tools as a template renders them (OpenAI's shape), client text defanged."""
+        return [{"type": "function", "function": json.loads(t.line())} for t in self.tools]
 
     def instructions(self) -> str:
         """The system prompt's tool section (the format above, worded as SmolLM2's tool training data words it)."""
@@ -198,16 +226,21 @@ class Tools:
                 f"{task} Make {count}.")
 
 
-def _grammar(tools: Tools) -> Grammar:
-    rules = SchemaRules()
+def _grammar(tools: Tools, fmt: ToolFormat) -> Grammar:
+    rules = SchemaRules(max_string=ARG_MAX_STRING, max_items=ARG_MAX_ITEMS)
     alts = []
     for i, tool in tools.callable():
         args = rules.add(tool.parameters, f"tools[{i}].function.parameters")
         head = literal(_NAME + tool.name + _ARGS)
         alts.append(f'{head} {args} "}}"')
     more = f' ( ",\\n" call ){{0,{MAX_PARALLEL - 1}}}' if tools.parallel and tools.choice in tuple(Choice) else ""
-    start, end = literal(CALL_OPEN + "[\n"), literal("\n]" + CALL_CLOSE)
-    own = {"calls": f"{start} call{more} {end}", "call": " | ".join(alts)}
+    if fmt == ToolFormat.HERMES:  # one block per call, a newline between blocks
+        block = f'{literal(CALL_OPEN + chr(10))} call {literal(chr(10) + CALL_CLOSE)}'
+        more = more.replace('",\\n" call', f'"\\n" {block}')
+        own = {"calls": f"{block}{more}", "call": " | ".join(alts)}
+    else:
+        start, end = literal(CALL_OPEN + "[\n"), literal("\n]" + CALL_CLOSE)
+        own = {"calls": f"{start} call{more} {end}", "call": " | ".join(alts)}
     if tools.choice == Choice.AUTO:
         own["text"] = _not_starting_with(CALL_OPEN)
         own["any"] = r"[^\x00]"
@@ -264,6 +297,36 @@ def tool_messages(messages: Sequence[dict[str, Any]], tools: Tools | None) -> li
         else:
             out.insert(0, {"role": "system", "content": tools.instructions()})
     return out
+
+
+def template_messages(messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``messages`` as a template that renders tools reads them (HERMES): content defanged, an assistant's calls as
+    ``tool_calls`` of ``{"id", "type": "function", "function": {"name", "arguments": object}}``, tool results as
+    ``role: tool`` with the name of the call they answer."""
+    out: list[dict[str, Any]] = []
+    names: dict[str, str] = {}
+    for msg in messages:
+        entry: dict[str, Any] = {"role": msg["role"], "content": defang(msg.get("content") or "")}
+        calls: Sequence[ToolCall] = msg.get("tool_calls") or ()
+        if msg["role"] == "assistant" and calls:
+            entry["tool_calls"] = [{"id": c.id, "type": "function",
+                                    "function": {"name": c.name, "arguments": json.loads(defang(_compact(c.arguments)))}}
+                                   for c in calls]
+            names.update((c.id, c.name) for c in calls)
+        if msg["role"] == "tool":
+            entry["tool_call_id"] = msg.get("tool_call_id") or ""
+            entry["name"] = names.get(entry["tool_call_id"], msg.get("name") or "")
+        out.append(entry)
+    return out
+
+
+def prepare(messages: Sequence[dict[str, Any]], tools: Tools | None,
+            fmt: ToolFormat) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
+    """(the messages to render, the tool list the template renders itself or None) for a chat with tools or tool
+    history, in the model's format."""
+    if fmt == ToolFormat.HERMES:
+        return template_messages(messages), (tools.specs() if tools is not None and tools.calls else None)
+    return tool_messages(messages, tools), None
 
 
 def _compact(arguments: str) -> str:

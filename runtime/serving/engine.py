@@ -159,13 +159,15 @@ class Engine(LanguageModel):
         prompt = self.fit_chat(messages, params)
         return prompt.tokens, prompt.truncations
 
-    def chat_request(self, messages: list[dict[str, str]], params: SamplingParams | None = None, *,
-                     interrupt: Callable[[], None] | None = None, **fields: Any) -> GenRequest:
+    def chat_request(self, messages: list[dict[str, Any]], params: SamplingParams | None = None, *,
+                     interrupt: Callable[[], None] | None = None, tools: list[dict[str, Any]] | None = None,
+                     **fields: Any) -> GenRequest:
         """A :class:`GenRequest` for ``messages`` (``fields``: priority, deadline, truncate...); the system
         prompt is kept (``n_keep``) when the context must shift. Without ``truncate`` a conversation that would
         lose turns is refused (BadInput). ``interrupt``: see :func:`runtime.llm.chat.fit_chat`."""
         params = params or self.defaults
-        prompt = self.fit_chat(messages, params, interrupt=interrupt, truncate=bool(fields.get("truncate", False)))
+        prompt = self.fit_chat(messages, params, interrupt=interrupt, truncate=bool(fields.get("truncate", False)),
+                               tools=tools)
         return GenRequest(prompt.tokens, params, n_keep=prompt.n_keep, truncations=prompt.truncations, **fields)
 
     # -- driving and state ---------------------------------------------------------------------------------------

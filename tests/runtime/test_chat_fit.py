@@ -44,9 +44,9 @@ class _Counted:
     def __init__(self, template: ChatTemplate) -> None:
         self.template, self.bos, self.renders = template, template.bos, 0
 
-    def render_parts(self, messages, add_generation_prompt=True):
+    def render_parts(self, messages, add_generation_prompt=True, tools=None):
         self.renders += 1
-        return self.template.render_parts(messages, add_generation_prompt)
+        return self.template.render_parts(messages, add_generation_prompt, tools)
 
 
 def one_at_a_time(llm, messages, params):

@@ -17,7 +17,7 @@ import pytest
 
 from runtime.llm.json_schema import schema_grammar
 
-CI_REQUESTS = 20
+CI_REQUESTS = 16  # one engine batch (16 slots) per family
 REQUESTS = int(os.environ.get("EDGERUN_VALIDITY_REQUESTS", CI_REQUESTS))  # per schema family, model and temperature
 FAMILIES = {
     "nested": {"type": "object", "required": ["user"], "properties": {"user": {
