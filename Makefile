@@ -52,6 +52,7 @@ bench: $(VENV)/.dev
 	$(PY) bench/audio.py
 	bash bench/build_llama_server.sh
 	$(PY) bench/serve.py
+	$(PY) bench/tools.py
 	$(PY) bench/residency_memory.py
 	bash bench/anomalib_env.sh
 	$(PY) bench/kiosk.py --wait-quiet 600

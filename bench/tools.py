@@ -232,8 +232,9 @@ def main() -> int:
         for key in ("ttft_s", "total_s"):  # required passes on the timing cases: a call on both sides
             ratios = [x[key] / y[key] for x, y in zip(rows[a], rows[b], strict=True)
                       if y[key] > 0 and x["choice"] == "required" and x["case"] < args.timing_cases]
-            pairs[key] = {"ratio": f"{a}/{b}", "median": statistics.median(ratios), "min": min(ratios),
-                          "max": max(ratios), "pairs": len(ratios)}
+            if ratios:
+                pairs[key] = {"ratio": f"{a}/{b}", "median": statistics.median(ratios), "min": min(ratios),
+                              "max": max(ratios), "pairs": len(ratios)}
     cost = None if args.no_grammar_cost else grammar_cost(args.model, data, cases[: min(len(cases), 20)])
     report = {"model": args.model, "gguf": str(gguf), "threads": THREADS, "ctx": CTX, "repeats": args.repeats,
               "machine": {"cpu": platform.processor() or platform.machine(), "cores": __import__("os").cpu_count(),

@@ -56,10 +56,11 @@ MAX_PARALLEL = 8  # calls in one answer
 MAX_DESCRIPTION = 4096  # characters of one tool's description
 # In arguments, where a tool's schema sets no maximum: a string's characters and an array's items (an array of enum
 # values: at most as many as the enum has). Home Assistant's schemas set none; greedy, a small model then loops
-# inside a name or a list until max_tokens cuts the call (20 of 74 calls on SmolLM2-135M). The arguments still
-# validate, and a call ends: Home Assistant's names and lists are far shorter.
-ARG_MAX_STRING = 64
-ARG_MAX_ITEMS = 8
+# inside a name or a list until max_tokens cuts the call (uncapped: 20 of 74 calls cut at Home Assistant's 150
+# tokens on SmolLM2-135M; 64 characters and 8 items: 2). The arguments still validate, and a call ends within a
+# small budget: Home Assistant's names (a few words) and lists (a domain or two) are far shorter.
+ARG_MAX_STRING = 48
+ARG_MAX_ITEMS = 4
 NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")  # OpenAI's rule for a function's name
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
 RESPONSE_OPEN, RESPONSE_CLOSE = "<tool_response>", "</tool_response>"
